@@ -1,0 +1,95 @@
+# Sparrow -- one small Makefile in calm's shape: wildcard sources, out-of-tree
+# build directory, -MMD -MP dependencies, per-ISA flags per file.
+#
+#   make deps       install the Debian packages the build needs (apt-get)
+#   make            build build/sparrow and build/libsparrow.a
+#   make test       build and run every test binary (tests/run.sh)
+#   make asan       the same tests under AddressSanitizer + UBSan (build-asan/)
+#   make fuzz       libFuzzer targets in tests/fuzz/ (clang, ASan + UBSan) into build-fuzz/
+#   make format     clang-format the tree
+#   make clean
+
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2
+WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werror
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) -Iinclude -Isrc -MMD -MP
+LDLIBS  += -lpcre2-8 -lm -lpthread
+TEST_LDLIBS := -lcjson
+
+ARCH := $(shell $(CC) -dumpmachine)
+ifneq (,$(findstring x86_64,$(ARCH)))
+ISA_DIR := x86
+else ifneq (,$(findstring aarch64,$(ARCH)))
+ISA_DIR := arm
+else
+ISA_DIR := none
+endif
+
+LIB_SRC := $(wildcard src/*.c src/core/*.c src/format/*.c src/quant/*.c src/mem/*.c src/model/*.c \
+             src/kv/*.c src/sample/*.c src/tokenizer/*.c src/sched/*.c) $(wildcard src/quant/$(ISA_DIR)/*.c)
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+LIB     := $(BUILD)/libsparrow.a
+CLI     := $(BUILD)/sparrow
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+# Per-ISA flags: each kernel file is compiled for its own instruction set and
+# only called after CPU detection says it may be.
+$(BUILD)/src/quant/x86/avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
+$(BUILD)/src/quant/x86/avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16 -mfma -mf16c
+
+.PHONY: all test asan format clean bench fuzz deps
+all: $(LIB) $(CLI) $(TEST_BIN)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+$(CLI): $(BUILD)/tools/cli/main.o $(LIB)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS) $(TEST_LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+bench: $(BENCH_BIN)
+
+deps:
+	sh scripts/install-deps.sh
+
+test: all
+	BUILD=$(BUILD) sh tests/run.sh
+
+asan:
+	$(MAKE) BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all" \
+	    LDFLAGS="-fsanitize=address,undefined" test
+
+# Fuzz targets: the library rebuilt with clang and sanitizers in build-fuzz/,
+# each tests/fuzz/*.c linked with -fsanitize=fuzzer.  Run e.g.
+#   build-fuzz/fuzz_gguf -max_total_time=60 build-fuzz/corpus tests/fuzz/seeds
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_SRC := $(wildcard tests/fuzz/*.c)
+fuzz:
+	$(MAKE) BUILD=build-fuzz CC=clang OPT="-O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link $(FUZZ_SAN)" build-fuzz/libsparrow.a
+	@mkdir -p build-fuzz/corpus
+	for f in $(FUZZ_SRC); do \
+	    clang -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer $(FUZZ_SAN) $(WARN) -Iinclude -Isrc \
+	        $$f build-fuzz/libsparrow.a $(LDLIBS) -o build-fuzz/$$(basename $$f .c) || exit 1; \
+	done
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build build-asan build-fuzz
+
+-include $(LIB_OBJ:.o=.d) $(BUILD)/tools/cli/main.d $(TEST_BIN:%=%.d) $(BENCH_BIN:%=%.d)

@@ -1,0 +1,332 @@
+/*
+ * api.c -- implements include/sparrow.h on top of the internal modules.  The
+ * only place that turns internal state into public results; the CLI and
+ * future server are clients of this file.
+ */
+#include "sparrow.h"
+
+#include "core/core.h"
+#include "core/cpu.h"
+#include "model/model.h"
+#include "quant/quant.h"
+#include "sample/sampler.h"
+
+#include <stdio.h>
+
+void sp_init(void) {
+    (void)sp_cpu_features();
+    sp_quant_init();
+}
+
+/* ---- model -------------------------------------------------------------- */
+
+struct sp_model_params sp_model_default_params(void) {
+    return (struct sp_model_params){.tokenizer_path = NULL, .vocab_only = false};
+}
+
+sp_status sp_model_load(const char *path, const struct sp_model_params *params, struct sp_model **out) {
+    if (!out) return sp_err(SP_E_INVALID, "%s: out is NULL", __func__);
+    *out = NULL;
+    if (!path) return sp_err(SP_E_INVALID, "%s: path is NULL", __func__);
+    sp_init();
+    struct sp_model_params p = params ? *params : sp_model_default_params();
+    struct sp_model *m = sp_calloc(1, sizeof(*m));
+    if (!m) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    m->vocab_only = p.vocab_only;
+    sp_status rc = sp_model_file_open(path, p.tokenizer_path, p.vocab_only, &m->mf);
+    if (rc) goto fail;
+    if (m->mf->kind == SP_FILE_GGUF) {
+        snprintf(m->file_format, sizeof m->file_format, "gguf v%u", m->mf->version);
+    } else {
+        snprintf(m->file_format, sizeof m->file_format, "llama2.c");
+    }
+    if (!p.vocab_only && !m->mf->has_hparams) {
+        rc = sp_err(SP_E_FORMAT, "%s: no model hyper-parameters (a vocab-only file?)", path);
+        goto fail;
+    }
+    if (m->mf->has_hparams && (rc = sp_model_bind(m))) goto fail;
+    if (m->mf->vocab.kind == SP_VOCAB_NONE) {
+        rc = sp_err(SP_E_FORMAT, "%s: no tokenizer in the file", path);
+        goto fail;
+    }
+    if ((rc = sp_tokenizer_init(&m->mf->vocab, &m->tok))) goto fail;
+    if (!p.vocab_only && (rc = sp_pager_open(m->mf, &m->pager))) goto fail;
+    *out = m;
+    return SP_OK;
+fail:
+    sp_model_free(m);
+    return rc;
+}
+
+void sp_model_free(struct sp_model *m) {
+    if (!m) return;
+    sp_pager_close(m->pager);
+    sp_tokenizer_free(m->tok);
+    sp_free(m->layers);
+    sp_model_file_free(m->mf);
+    sp_free(m);
+}
+
+sp_status sp_model_get_info(const struct sp_model *m, struct sp_model_info *out) {
+    if (!m || !out) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    const struct sp_hparams *hp = &m->mf->hp;
+    const struct sp_vocab_data *v = &m->mf->vocab;
+    memset(out, 0, sizeof(*out));
+    out->arch = m->mf->has_hparams ? sp_arch_name(hp->arch) : "";
+    out->name = m->mf->name ? m->mf->name : "";
+    out->file_format = m->file_format;
+    out->tokenizer = v->kind == SP_VOCAB_SPM ? "spm" : v->kind == SP_VOCAB_BPE ? "bpe" : "none";
+    out->tokenizer_pre = v->kind == SP_VOCAB_BPE && v->pre ? v->pre : "";
+    out->n_vocab = (int32_t)(m->mf->has_hparams ? hp->n_vocab : v->n_tokens);
+    if (m->mf->has_hparams) {
+        out->n_ctx_train = (int32_t)hp->n_ctx_train;
+        out->n_embd = (int32_t)hp->n_embd;
+        out->n_layers = (int32_t)hp->n_layers;
+        out->n_heads = (int32_t)hp->n_heads;
+        out->n_kv_heads = (int32_t)hp->n_kv_heads;
+        out->head_dim_k = (int32_t)hp->head_dim_k;
+        out->head_dim_v = (int32_t)hp->head_dim_v;
+        out->n_ff = (int32_t)hp->n_ff;
+        out->n_experts = (int32_t)hp->n_experts;
+        out->n_experts_used = (int32_t)hp->n_experts_used;
+        out->rope_theta = hp->rope_theta;
+        out->rope_dims = (int32_t)hp->rope_dims;
+        out->rope_neox = hp->rope_neox;
+        out->rms_eps = hp->rms_eps;
+    }
+    out->tied_output = m->output && m->output == m->tok_embd;
+    out->bos = v->bos;
+    out->eos = v->eos;
+    out->add_bos = v->add_bos;
+    out->n_params = m->n_params;
+    out->tensor_bytes = m->tensor_bytes;
+    out->bytes_per_token = m->bytes_per_token;
+    out->file_size = m->mf->file_size;
+    return SP_OK;
+}
+
+int32_t sp_model_n_tensors(const struct sp_model *m) {
+    return m ? (int32_t)m->mf->n_tensors : 0;
+}
+
+sp_status sp_model_get_tensor(const struct sp_model *m, int32_t i, struct sp_tensor_info *out) {
+    if (!m || !out) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    if (i < 0 || (uint32_t)i >= m->mf->n_tensors) return sp_err(SP_E_INVALID, "%s: index %d out of range", __func__, i);
+    const struct sp_tensor_desc *t = &m->mf->tensors[i];
+    out->name = t->name;
+    out->type = sp_qtype_name(t->type) ? sp_qtype_name(t->type) : "?";
+    out->n_dims = (int32_t)t->n_dims;
+    for (int d = 0; d < 4; d++) out->ne[d] = t->ne[d];
+    out->offset = t->offset;
+    out->size = t->size;
+    return SP_OK;
+}
+
+int32_t sp_model_n_meta(const struct sp_model *m) {
+    return m ? (int32_t)m->mf->n_meta : 0;
+}
+
+/* Render a metadata value into buf, abbreviating arrays to a few items. */
+static void render_value(const struct sp_meta_value *v, char *buf, size_t cap) {
+    if (cap == 0) return;
+    buf[0] = '\0';
+    switch (v->type) {
+    case SP_META_U8: case SP_META_U16: case SP_META_U32: case SP_META_U64:
+        snprintf(buf, cap, "%llu", (unsigned long long)v->v.u64);
+        break;
+    case SP_META_I8: case SP_META_I16: case SP_META_I32: case SP_META_I64:
+        snprintf(buf, cap, "%lld", (long long)v->v.i64);
+        break;
+    case SP_META_F32: case SP_META_F64:
+        snprintf(buf, cap, "%g", v->v.f64);
+        break;
+    case SP_META_BOOL:
+        snprintf(buf, cap, "%s", v->v.u64 ? "true" : "false");
+        break;
+    case SP_META_STRING:
+        snprintf(buf, cap, "%.*s", (int)SP_MIN(v->v.str.len, (uint64_t)200), v->v.str.ptr);
+        break;
+    case SP_META_ARRAY: {
+        size_t len = (size_t)snprintf(buf, cap, "[%llu items]", (unsigned long long)v->v.arr.n);
+        for (uint64_t i = 0; i < v->v.arr.n && i < 4 && len + 4 < cap; i++) {
+            char item[64];
+            render_value(&v->v.arr.items[i], item, sizeof item);
+            len += (size_t)snprintf(buf + len, cap - len, "%s%s", i ? ", " : " ", item);
+        }
+        if (v->v.arr.n > 4 && len + 5 < cap) snprintf(buf + len, cap - len, ", ...");
+        break;
+    }
+    default:
+        snprintf(buf, cap, "?");
+    }
+}
+
+sp_status sp_model_get_meta(const struct sp_model *m, int32_t i, char *key, size_t key_cap, char *val,
+                            size_t val_cap) {
+    if (!m) return sp_err(SP_E_INVALID, "%s: NULL model", __func__);
+    if (i < 0 || (uint64_t)i >= m->mf->n_meta) return sp_err(SP_E_INVALID, "%s: index %d out of range", __func__, i);
+    const struct sp_meta_kv *kv = &m->mf->meta[i];
+    if (key && key_cap) snprintf(key, key_cap, "%s", kv->key);
+    if (val && val_cap) render_value(&kv->value, val, val_cap);
+    return SP_OK;
+}
+
+/* ---- tokenizer ---------------------------------------------------------- */
+
+sp_status sp_tokenize(const struct sp_model *m, const char *text, size_t len, unsigned flags, int32_t *tokens,
+                      int32_t cap, int32_t *n_out) {
+    if (!m || (!text && len) || !n_out || (cap > 0 && !tokens) || cap < 0) {
+        return sp_err(SP_E_INVALID, "%s: invalid argument", __func__);
+    }
+    return sp_tokenizer_encode(m->tok, text ? text : "", len, (flags & SP_TOKENIZE_ADD_BOS) != 0, tokens, cap, n_out);
+}
+
+sp_status sp_token_to_piece(const struct sp_model *m, int32_t token, char *buf, size_t cap, size_t *n_out) {
+    if (!m || !n_out || (cap && !buf)) return sp_err(SP_E_INVALID, "%s: invalid argument", __func__);
+    return sp_tokenizer_piece(m->tok, token, buf, cap, n_out);
+}
+
+sp_status sp_detokenize(const struct sp_model *m, const int32_t *tokens, int32_t n, char *buf, size_t cap,
+                        size_t *n_out) {
+    if (!m || !n_out || (n > 0 && !tokens) || n < 0 || (cap && !buf)) {
+        return sp_err(SP_E_INVALID, "%s: invalid argument", __func__);
+    }
+    return sp_tokenizer_decode(m->tok, tokens, n, buf, cap, n_out);
+}
+
+bool sp_token_is_eog(const struct sp_model *m, int32_t token) {
+    return m && sp_tokenizer_is_eog(m->tok, token);
+}
+
+/* ---- session ------------------------------------------------------------ */
+
+struct sp_session {
+    struct sp_model *model;
+    struct sp_session_params p;
+    uint32_t n_ctx;
+    uint32_t n_past;
+    struct sp_kv_cache *kv;
+    struct sp_fwd *fwd;
+    float *logits;   /* (n_vocab) */
+    bool has_logits;
+    struct sp_sampler *sampler;
+};
+
+struct sp_session_params sp_session_default_params(void) {
+    return (struct sp_session_params){
+        .n_ctx = 0,
+        .n_threads = 0,
+        .seed = 0,
+        .kv_type = SP_KV_F32,
+        .sampling = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.0f,
+                     .repeat_last_n = 64},
+    };
+}
+
+sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *params, struct sp_session **out) {
+    if (!out) return sp_err(SP_E_INVALID, "%s: out is NULL", __func__);
+    *out = NULL;
+    if (!m) return sp_err(SP_E_INVALID, "%s: model is NULL", __func__);
+    if (m->vocab_only) return sp_err(SP_E_STATE, "%s: the model was loaded vocab-only; it cannot run", __func__);
+    struct sp_session_params p = params ? *params : sp_session_default_params();
+    const struct sp_hparams *hp = &m->mf->hp;
+    if (p.n_ctx < 0) return sp_err(SP_E_INVALID, "%s: n_ctx %d is negative", __func__, p.n_ctx);
+    if (p.n_threads < 0 || p.n_threads > 1024) {
+        return sp_err(SP_E_INVALID, "%s: n_threads %d out of range [0, 1024]", __func__, p.n_threads);
+    }
+    if (p.kv_type != SP_KV_F32 && p.kv_type != SP_KV_F16) {
+        return sp_err(SP_E_INVALID, "%s: unknown kv_type %d", __func__, (int)p.kv_type);
+    }
+    uint32_t n_ctx = (uint32_t)p.n_ctx;
+    if (n_ctx == 0) n_ctx = hp->n_ctx_train ? SP_MIN(hp->n_ctx_train, 4096u) : 4096u;
+    if (n_ctx > (1u << 24)) return sp_err(SP_E_INVALID, "%s: n_ctx %u too large", __func__, n_ctx);
+
+    struct sp_session *s = sp_calloc(1, sizeof(*s));
+    if (!s) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    s->model = m;
+    s->p = p;
+    s->n_ctx = n_ctx;
+    sp_status rc;
+    if ((rc = sp_sampler_init(&p.sampling, p.seed, (int32_t)hp->n_vocab, &s->sampler))) goto fail;
+    if ((rc = sp_kv_init(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim_k, hp->n_kv_heads * hp->head_dim_v,
+                         p.kv_type, &s->kv)))
+        goto fail;
+    if ((rc = sp_fwd_init(m, n_ctx, p.n_threads ? p.n_threads : 1, &s->fwd))) goto fail;
+    s->logits = sp_malloc((size_t)hp->n_vocab * sizeof(float));
+    if (!s->logits) {
+        rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+        goto fail;
+    }
+    *out = s;
+    return SP_OK;
+fail:
+    sp_session_free(s);
+    return rc;
+}
+
+void sp_session_free(struct sp_session *s) {
+    if (!s) return;
+    sp_sampler_free(s->sampler);
+    sp_kv_free(s->kv);
+    sp_fwd_free(s->fwd);
+    sp_free(s->logits);
+    sp_free(s);
+}
+
+void sp_session_reset(struct sp_session *s) {
+    if (!s) return;
+    s->n_past = 0;
+    s->has_logits = false;
+    sp_sampler_reset(s->sampler, s->p.seed);
+}
+
+sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
+    if (!s || !tokens || n <= 0) return sp_err(SP_E_INVALID, "%s: need a session and n > 0 tokens", __func__);
+    const uint32_t n_vocab = s->model->mf->hp.n_vocab;
+    for (int32_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= n_vocab) {
+            return sp_err(SP_E_INVALID, "%s: token %d at index %d is outside the vocabulary (%u)", __func__,
+                          tokens[i], i, n_vocab);
+        }
+    }
+    if ((uint64_t)s->n_past + (uint64_t)n > s->n_ctx) {
+        return sp_err(SP_E_CONTEXT_FULL, "%s: %d tokens do not fit: %u of %u context positions are used", __func__,
+                      n, s->n_past, s->n_ctx);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const bool last = i == n - 1;
+        sp_status rc = sp_forward(s->model, s->fwd, s->kv, tokens[i], s->n_past, last ? s->logits : NULL);
+        if (rc) {
+            s->has_logits = false;
+            return rc;
+        }
+        s->n_past++;
+        sp_sampler_accept(s->sampler, tokens[i]);
+    }
+    s->has_logits = true;
+    return SP_OK;
+}
+
+const float *sp_get_logits(const struct sp_session *s) {
+    return s && s->has_logits ? s->logits : NULL;
+}
+
+sp_status sp_sample(struct sp_session *s, int32_t *out_token) {
+    if (!s || !out_token) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    if (!s->has_logits) return sp_err(SP_E_STATE, "%s: no logits yet: decode a token first", __func__);
+    *out_token = sp_sampler_sample(s->sampler, s->logits);
+    return SP_OK;
+}
+
+int32_t sp_session_n_past(const struct sp_session *s) {
+    return s ? (int32_t)s->n_past : 0;
+}
+
+int32_t sp_session_n_ctx(const struct sp_session *s) {
+    return s ? (int32_t)s->n_ctx : 0;
+}
+
+uint64_t sp_session_memory_bytes(const struct sp_session *s) {
+    if (!s) return 0;
+    return sp_kv_bytes(s->kv) + sp_fwd_bytes(s->model, s->n_ctx) + (uint64_t)s->model->mf->hp.n_vocab * sizeof(float);
+}

@@ -1,0 +1,113 @@
+/*
+ * cache.c -- contiguous KV cache storage (F32 or F16).
+ *
+ * Invariants:
+ *  1. k and v are allocated once in sp_kv_init and never resized.
+ *  2. Row (il, pos) of keys starts at k + (il * n_ctx + pos) * k_dim elements
+ *     (values likewise with v_dim); head kh occupies [kh*hd, (kh+1)*hd) of a row.
+ *  3. Only rows below the session's n_past hold meaningful data; attend reads
+ *     rows [0, n_pos) and the caller guarantees n_pos <= n_past + 1.
+ */
+#include "cache.h"
+
+#include <math.h>
+
+struct sp_kv_cache {
+    uint32_t n_layers, n_ctx, k_dim, v_dim;
+    enum sp_kv_type type;
+    size_t elem;   /* 4 or 2 */
+    void *k;       /* (n_layers, n_ctx, k_dim) */
+    void *v;       /* (n_layers, n_ctx, v_dim) */
+    uint64_t bytes;
+};
+
+sp_status sp_kv_init(uint32_t n_layers, uint32_t n_ctx, uint32_t k_dim, uint32_t v_dim, enum sp_kv_type type,
+                     struct sp_kv_cache **out) {
+    *out = NULL;
+    if (!n_layers || !n_ctx || !k_dim || !v_dim) return sp_err(SP_E_INVALID, "%s: zero dimension", __func__);
+    if (type != SP_KV_F32 && type != SP_KV_F16) return sp_err(SP_E_INVALID, "%s: unknown kv type %d", __func__, type);
+    struct sp_kv_cache *kv = sp_calloc(1, sizeof(*kv));
+    if (!kv) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    kv->n_layers = n_layers;
+    kv->n_ctx = n_ctx;
+    kv->k_dim = k_dim;
+    kv->v_dim = v_dim;
+    kv->type = type;
+    kv->elem = type == SP_KV_F32 ? 4 : 2;
+    uint64_t rows = (uint64_t)n_layers * n_ctx;
+    uint64_t kb = rows * k_dim * kv->elem, vb = rows * v_dim * kv->elem;
+    kv->k = sp_malloc_aligned((size_t)kb, 64);
+    kv->v = sp_malloc_aligned((size_t)vb, 64);
+    if (!kv->k || !kv->v) {
+        sp_kv_free(kv);
+        return sp_err(SP_E_NOMEM, "%s: cannot allocate %llu bytes of KV cache", __func__,
+                      (unsigned long long)(kb + vb));
+    }
+    kv->bytes = kb + vb;
+    *out = kv;
+    return SP_OK;
+}
+
+void sp_kv_free(struct sp_kv_cache *kv) {
+    if (!kv) return;
+    sp_free_aligned(kv->k);
+    sp_free_aligned(kv->v);
+    sp_free(kv);
+}
+
+uint64_t sp_kv_bytes(const struct sp_kv_cache *kv) {
+    return kv->bytes;
+}
+
+void sp_kv_store(struct sp_kv_cache *kv, uint32_t il, uint32_t pos, const float *k, const float *v) {
+    SP_ASSERT(il < kv->n_layers && pos < kv->n_ctx);
+    size_t row = (size_t)il * kv->n_ctx + pos;
+    if (kv->type == SP_KV_F32) {
+        memcpy((float *)kv->k + row * kv->k_dim, k, kv->k_dim * sizeof(float));
+        memcpy((float *)kv->v + row * kv->v_dim, v, kv->v_dim * sizeof(float));
+    } else {
+        uint16_t *kd = (uint16_t *)kv->k + row * kv->k_dim;
+        uint16_t *vd = (uint16_t *)kv->v + row * kv->v_dim;
+        for (uint32_t i = 0; i < kv->k_dim; i++) kd[i] = sp_fp32_to_fp16(k[i]);
+        for (uint32_t i = 0; i < kv->v_dim; i++) vd[i] = sp_fp32_to_fp16(v[i]);
+    }
+}
+
+void sp_kv_attend(const struct sp_kv_cache *kv, uint32_t il, uint32_t kh, uint32_t hd_k, uint32_t hd_v,
+                  uint32_t n_pos, const float *q, float scale, float *att, float *out) {
+    SP_ASSERT(il < kv->n_layers && n_pos > 0 && n_pos <= kv->n_ctx);
+    SP_ASSERT((kh + 1) * hd_k <= kv->k_dim && (kh + 1) * hd_v <= kv->v_dim);
+    const size_t base = (size_t)il * kv->n_ctx;
+    float max = -INFINITY;
+    for (uint32_t p = 0; p < n_pos; p++) {
+        float s = 0.0f;
+        if (kv->type == SP_KV_F32) {
+            const float *k = (const float *)kv->k + (base + p) * kv->k_dim + (size_t)kh * hd_k;
+            for (uint32_t i = 0; i < hd_k; i++) s += q[i] * k[i];
+        } else {
+            const uint16_t *k = (const uint16_t *)kv->k + (base + p) * kv->k_dim + (size_t)kh * hd_k;
+            for (uint32_t i = 0; i < hd_k; i++) s += q[i] * sp_fp16_to_fp32(k[i]);
+        }
+        s *= scale;
+        att[p] = s;
+        if (s > max) max = s;
+    }
+    double sum = 0.0;
+    for (uint32_t p = 0; p < n_pos; p++) {
+        att[p] = expf(att[p] - max);
+        sum += att[p];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t i = 0; i < hd_v; i++) out[i] = 0.0f;
+    for (uint32_t p = 0; p < n_pos; p++) {
+        const float a = att[p] * inv;
+        att[p] = a;
+        if (kv->type == SP_KV_F32) {
+            const float *v = (const float *)kv->v + (base + p) * kv->v_dim + (size_t)kh * hd_v;
+            for (uint32_t i = 0; i < hd_v; i++) out[i] += a * v[i];
+        } else {
+            const uint16_t *v = (const uint16_t *)kv->v + (base + p) * kv->v_dim + (size_t)kh * hd_v;
+            for (uint32_t i = 0; i < hd_v; i++) out[i] += a * sp_fp16_to_fp32(v[i]);
+        }
+    }
+}

@@ -1,0 +1,42 @@
+/*
+ * ops.h -- the leaf operations of the forward pass (llama2.c's helpers):
+ * RMSNorm, RoPE, SiLU-gating and the matrix-vector product over any weight
+ * type through the kernel table.  Plain functions on float arrays; no
+ * knowledge of models, files or the pager.
+ */
+#ifndef SP_OPS_H
+#define SP_OPS_H
+
+#include "quant/quant.h"
+#include "sched/pool.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]   (sum of squares in double, as ggml) */
+void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+
+/* Rotate the first rope_dims of each of n_heads heads (head_dim apart) for
+ * position pos.  neox: pairs (i, i + rope_dims/2); else adjacent pairs
+ * (2i, 2i+1).  freq_factors (rope_dims/2) divides each frequency, or NULL. */
+void sp_rope(float *x, int n_heads, int head_dim, int rope_dims, uint32_t pos, float theta_base, float freq_scale,
+             bool neox, const float *freq_factors);
+
+/* g[i] = silu(g[i]) * u[i] */
+void sp_silu_mul(float *g, const float *u, int64_t n);
+
+/* Bytes of scratch that sp_act_convert needs for rows of up to n elements. */
+size_t sp_act_bytes(int64_t n);
+
+/* Convert the activation row x (n floats) to the vec_dot_type of weight type
+ * wtype into buf (sp_act_bytes(n) bytes) and return the row to pass to
+ * sp_matvec: x itself for F32 weights. */
+const void *sp_act_convert(uint32_t wtype, const float *x, int64_t n, void *buf);
+
+/* y[r] = dot(row r of w, x) for r in [0, n_rows): w has n_rows rows of n_cols
+ * elements of type wtype; xc is the converted activation.  Rows are split
+ * across the pool's threads (pool may be NULL). */
+void sp_matvec(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_cols, int64_t n_rows, const void *xc,
+               float *y);
+
+#endif /* SP_OPS_H */

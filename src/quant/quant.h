@@ -1,0 +1,76 @@
+/*
+ * quant.h -- tensor element types and the kernel dispatch table.
+ *
+ * Type ids below SP_QTYPE_COUNT are ggml's GGUF ids, so a GGUF tensor's type
+ * field indexes the table directly.  Every type has one plain-C reference
+ * implementation in ref.c (the specification and the test oracle); SIMD
+ * variants in x86/ and arm/ replace table entries at sp_quant_init() when the
+ * CPU has the features.  Block layouts are in types.h.
+ *
+ * Dot products follow ggml's CPU backend: the activation row is first
+ * converted to the weight type's vec_dot_type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1
+ * for Q4_1/Q5_1, Q8_K for the K-quants, F16 for F16, BF16 for BF16, F32 for
+ * F32), then vec_dot multiplies one weight row by the converted activations.
+ */
+#ifndef SP_QUANT_H
+#define SP_QUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum sp_qtype {
+    SP_QTYPE_F32 = 0,
+    SP_QTYPE_F16 = 1,
+    SP_QTYPE_Q4_0 = 2,
+    SP_QTYPE_Q4_1 = 3,
+    SP_QTYPE_Q5_0 = 6,
+    SP_QTYPE_Q5_1 = 7,
+    SP_QTYPE_Q8_0 = 8,
+    SP_QTYPE_Q8_1 = 9,
+    SP_QTYPE_Q2_K = 10,
+    SP_QTYPE_Q3_K = 11,
+    SP_QTYPE_Q4_K = 12,
+    SP_QTYPE_Q5_K = 13,
+    SP_QTYPE_Q6_K = 14,
+    SP_QTYPE_Q8_K = 15,
+    SP_QTYPE_BF16 = 30,
+    SP_QTYPE_COUNT = 31
+};
+
+/* Convert n elements (n a multiple of block_elems) of packed blocks to float. */
+typedef void (*sp_to_float_fn)(const void *restrict src, float *restrict dst, int64_t n);
+/* Quantize n floats (n a multiple of block_elems) into packed blocks. */
+typedef void (*sp_from_float_fn)(const float *restrict src, void *restrict dst, int64_t n);
+/* *s = dot(w[0..n), x[0..n)) where w is one row of this type and x is the
+ * activation row already converted to vec_dot_type.  n % block_elems == 0. */
+typedef void (*sp_vec_dot_fn)(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
+
+struct sp_qtraits {
+    const char *name;             /* "Q4_K"; NULL for ids that are not types */
+    int64_t block_elems;          /* elements per block */
+    size_t block_bytes;           /* bytes per block */
+    sp_to_float_fn to_float;      /* NULL only for none */
+    sp_from_float_fn from_float;  /* NULL where no quantizer exists yet */
+    sp_vec_dot_fn vec_dot;        /* NULL for activation-only types (Q8_1, Q8_K) */
+    enum sp_qtype vec_dot_type;   /* what activations are converted to */
+};
+
+/* Fill the dispatch table from CPU features.  Idempotent; called by sp_init(). */
+void sp_quant_init(void);
+
+/* Traits of type t, or NULL if t is not a known type id.  Valid after
+ * sp_quant_init(); the table is read-only afterwards. */
+const struct sp_qtraits *sp_qtraits_get(uint32_t t);
+
+/* The reference (plain C) traits, never replaced by SIMD: the oracle for tests. */
+const struct sp_qtraits *sp_qtraits_ref(uint32_t t);
+
+/* "F32", "Q4_K", ... or NULL for unknown ids. */
+const char *sp_qtype_name(uint32_t t);
+
+/* Bytes of a row of n elements, or 0 if t is unknown or n is not a multiple of
+ * the block size. */
+size_t sp_qtype_row_bytes(uint32_t t, int64_t n);
+
+#endif /* SP_QUANT_H */

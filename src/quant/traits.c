@@ -1,0 +1,103 @@
+/*
+ * traits.c -- the kernel dispatch table, indexed by enum sp_qtype (ggml's
+ * type_traits_cpu in shape).  sp_quant_init() starts from the reference
+ * table and overrides entries with ISA variants the CPU supports; after that
+ * the table is read-only.
+ */
+#include "quant.h"
+
+#include "ref.h"
+#include "types.h"
+
+#include <stdatomic.h>
+
+/* The block sizes below are the struct sizes in types.h. */
+static_assert(sizeof(struct sp_block_q4_0) == 18 && sizeof(struct sp_block_q4_1) == 20, "block size");
+static_assert(sizeof(struct sp_block_q5_0) == 22 && sizeof(struct sp_block_q5_1) == 24, "block size");
+static_assert(sizeof(struct sp_block_q8_0) == 34 && sizeof(struct sp_block_q8_1) == 36, "block size");
+static_assert(sizeof(struct sp_block_q2_k) == 84 && sizeof(struct sp_block_q3_k) == 110, "block size");
+static_assert(sizeof(struct sp_block_q4_k) == 144 && sizeof(struct sp_block_q5_k) == 176, "block size");
+static_assert(sizeof(struct sp_block_q6_k) == 210 && sizeof(struct sp_block_q8_k) == 292, "block size");
+
+/* Reference kernels (ref.c) for every type: elements and bytes per block,
+ * kernels, and the type activations are converted to for vec_dot. */
+static const struct sp_qtraits ref_table[SP_QTYPE_COUNT] = {
+    [SP_QTYPE_F32] = {.name = "F32", .block_elems = 1, .block_bytes = 4, .vec_dot_type = SP_QTYPE_F32,
+                       .to_float = sp_f32_to_float_ref, .from_float = sp_f32_from_float_ref,
+                       .vec_dot = sp_vec_dot_f32_f32_ref},
+    [SP_QTYPE_F16] = {.name = "F16", .block_elems = 1, .block_bytes = 2, .vec_dot_type = SP_QTYPE_F16,
+                       .to_float = sp_f16_to_float_ref, .from_float = sp_f16_from_float_ref,
+                       .vec_dot = sp_vec_dot_f16_f16_ref},
+    [SP_QTYPE_BF16] = {.name = "BF16", .block_elems = 1, .block_bytes = 2, .vec_dot_type = SP_QTYPE_BF16,
+                       .to_float = sp_bf16_to_float_ref, .from_float = sp_bf16_from_float_ref,
+                       .vec_dot = sp_vec_dot_bf16_bf16_ref},
+    [SP_QTYPE_Q4_0] = {.name = "Q4_0", .block_elems = 32, .block_bytes = 18, .vec_dot_type = SP_QTYPE_Q8_0,
+                       .to_float = sp_q4_0_to_float_ref, .from_float = sp_q4_0_from_float_ref,
+                       .vec_dot = sp_vec_dot_q4_0_q8_0_ref},
+    [SP_QTYPE_Q4_1] = {.name = "Q4_1", .block_elems = 32, .block_bytes = 20, .vec_dot_type = SP_QTYPE_Q8_1,
+                       .to_float = sp_q4_1_to_float_ref, .from_float = sp_q4_1_from_float_ref,
+                       .vec_dot = sp_vec_dot_q4_1_q8_1_ref},
+    [SP_QTYPE_Q5_0] = {.name = "Q5_0", .block_elems = 32, .block_bytes = 22, .vec_dot_type = SP_QTYPE_Q8_0,
+                       .to_float = sp_q5_0_to_float_ref, .from_float = sp_q5_0_from_float_ref,
+                       .vec_dot = sp_vec_dot_q5_0_q8_0_ref},
+    [SP_QTYPE_Q5_1] = {.name = "Q5_1", .block_elems = 32, .block_bytes = 24, .vec_dot_type = SP_QTYPE_Q8_1,
+                       .to_float = sp_q5_1_to_float_ref, .from_float = sp_q5_1_from_float_ref,
+                       .vec_dot = sp_vec_dot_q5_1_q8_1_ref},
+    [SP_QTYPE_Q8_0] = {.name = "Q8_0", .block_elems = 32, .block_bytes = 34, .vec_dot_type = SP_QTYPE_Q8_0,
+                       .to_float = sp_q8_0_to_float_ref, .from_float = sp_q8_0_from_float_ref,
+                       .vec_dot = sp_vec_dot_q8_0_q8_0_ref},
+    [SP_QTYPE_Q8_1] = {.name = "Q8_1", .block_elems = 32, .block_bytes = 36, .vec_dot_type = SP_QTYPE_Q8_1,
+                       .to_float = sp_q8_1_to_float_ref, .from_float = sp_q8_1_from_float_ref},
+    [SP_QTYPE_Q2_K] = {.name = "Q2_K", .block_elems = 256, .block_bytes = 84, .vec_dot_type = SP_QTYPE_Q8_K,
+                       .to_float = sp_q2_k_to_float_ref, .from_float = sp_q2_k_from_float_ref,
+                       .vec_dot = sp_vec_dot_q2_k_q8_k_ref},
+    [SP_QTYPE_Q3_K] = {.name = "Q3_K", .block_elems = 256, .block_bytes = 110, .vec_dot_type = SP_QTYPE_Q8_K,
+                       .to_float = sp_q3_k_to_float_ref, .from_float = sp_q3_k_from_float_ref,
+                       .vec_dot = sp_vec_dot_q3_k_q8_k_ref},
+    [SP_QTYPE_Q4_K] = {.name = "Q4_K", .block_elems = 256, .block_bytes = 144, .vec_dot_type = SP_QTYPE_Q8_K,
+                       .to_float = sp_q4_k_to_float_ref, .from_float = sp_q4_k_from_float_ref,
+                       .vec_dot = sp_vec_dot_q4_k_q8_k_ref},
+    [SP_QTYPE_Q5_K] = {.name = "Q5_K", .block_elems = 256, .block_bytes = 176, .vec_dot_type = SP_QTYPE_Q8_K,
+                       .to_float = sp_q5_k_to_float_ref, .from_float = sp_q5_k_from_float_ref,
+                       .vec_dot = sp_vec_dot_q5_k_q8_k_ref},
+    [SP_QTYPE_Q6_K] = {.name = "Q6_K", .block_elems = 256, .block_bytes = 210, .vec_dot_type = SP_QTYPE_Q8_K,
+                       .to_float = sp_q6_k_to_float_ref, .from_float = sp_q6_k_from_float_ref,
+                       .vec_dot = sp_vec_dot_q6_k_q8_k_ref},
+    [SP_QTYPE_Q8_K] = {.name = "Q8_K", .block_elems = 256, .block_bytes = 292, .vec_dot_type = SP_QTYPE_Q8_K,
+                       .to_float = sp_q8_k_to_float_ref, .from_float = sp_q8_k_from_float_ref},
+};
+
+static struct sp_qtraits table[SP_QTYPE_COUNT];
+static atomic_int table_ready;
+
+void sp_quant_init(void) {
+    if (atomic_load(&table_ready)) return;
+    for (int i = 0; i < SP_QTYPE_COUNT; i++) table[i] = ref_table[i];
+    /* ISA hook: x86/ and arm/ variants replace table[t].vec_dot / to_float /
+     * from_float here, chosen from sp_cpu_features().  A replaced from_float
+     * must produce the same bytes as the reference one (activations are
+     * compared bit for bit against llama.cpp). */
+    atomic_store(&table_ready, 1);
+}
+
+const struct sp_qtraits *sp_qtraits_get(uint32_t t) {
+    if (!atomic_load(&table_ready)) sp_quant_init();
+    if (t >= SP_QTYPE_COUNT || !table[t].name) return NULL;
+    return &table[t];
+}
+
+const struct sp_qtraits *sp_qtraits_ref(uint32_t t) {
+    if (t >= SP_QTYPE_COUNT || !ref_table[t].name) return NULL;
+    return &ref_table[t];
+}
+
+const char *sp_qtype_name(uint32_t t) {
+    const struct sp_qtraits *tr = sp_qtraits_ref(t);
+    return tr ? tr->name : NULL;
+}
+
+size_t sp_qtype_row_bytes(uint32_t t, int64_t n) {
+    const struct sp_qtraits *tr = sp_qtraits_ref(t);
+    if (!tr || n < 0 || n % tr->block_elems != 0) return 0;
+    return (size_t)(n / tr->block_elems) * tr->block_bytes;
+}

@@ -1,0 +1,32 @@
+/*
+ * sampler.h -- turns logits into the next token: repetition penalty, then
+ * greedy (temp 0), or temperature -> top-k -> top-p -> min-p -> a draw from a
+ * seeded RNG.  All scratch is allocated at init; sampling never allocates.
+ */
+#ifndef SP_SAMPLER_H
+#define SP_SAMPLER_H
+
+#include "core/core.h"
+
+struct sp_sampler;
+
+/* params is copied.  SP_E_INVALID for nonsense values (negative temp, top_p
+ * outside (0,1], ...; the message says which), SP_E_NOMEM. */
+sp_status sp_sampler_init(const struct sp_sampling_params *params, uint64_t seed, int32_t n_vocab,
+                          struct sp_sampler **out);
+void sp_sampler_free(struct sp_sampler *s);
+
+/* Reseed the RNG and clear the history. */
+void sp_sampler_reset(struct sp_sampler *s, uint64_t seed);
+
+/* Record a token in the penalty history (the last repeat_last_n are kept). */
+void sp_sampler_accept(struct sp_sampler *s, int32_t token);
+
+/* Choose a token from n_vocab logits (not modified).  Greedy picks the lowest
+ * id among equal maxima.  Never allocates. */
+int32_t sp_sampler_sample(struct sp_sampler *s, const float *logits);
+
+/* The RNG (xoshiro256** seeded with splitmix64): uniform float in [0, 1). */
+float sp_sampler_rand(struct sp_sampler *s);
+
+#endif /* SP_SAMPLER_H */

@@ -1,0 +1,40 @@
+/*
+ * fuzz_gguf.c -- libFuzzer target for the model-file parsers (calm's
+ * -DFUZZING habit): the input is a file image read from memory by the GGUF
+ * reader, then by the whole model_file interpretation (hyper-parameters,
+ * vocabulary), in normal and vocab-only modes.  Nothing may crash, leak or
+ * read out of bounds; every rejection is an ordinary status.
+ *   make fuzz && build-fuzz/fuzz_gguf -max_total_time=60 build-fuzz/corpus tests/fuzz/seeds
+ * Not a test_ file: tests/run.sh does not run it.
+ */
+#include "core/file.h"
+#include "format/gguf.h"
+#include "format/model_file.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void quiet(enum sp_log_level level, const char *msg, void *user) {
+    (void)level, (void)msg, (void)user;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    struct sp_file *f = NULL;
+    sp_log_set(quiet, NULL);
+    if (sp_file_from_memory(data, size, &f) != SP_OK) return 0;
+
+    struct sp_model_file *mf = sp_calloc(1, sizeof(*mf));
+    if (mf) {
+        (void)sp_gguf_read(f, mf);
+        sp_model_file_free(mf);
+    }
+    for (int vocab_only = 0; vocab_only < 2; vocab_only++) {
+        struct sp_model_file *m = NULL;
+        (void)sp_model_file_open_file(f, "/nonexistent/tokenizer.bin", vocab_only, &m);
+        sp_model_file_free(m);
+    }
+    sp_file_close(f);
+    return 0;
+}

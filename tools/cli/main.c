@@ -1,0 +1,906 @@
+/*
+ * main.c -- the `sparrow` command: run (generate text), tokenize, inspect.
+ * A thin client of the public API in include/sparrow.h: it parses argv,
+ * prints, and chooses exit codes; everything else is the library's.  It
+ * includes only "sparrow.h" and the C/POSIX library, like lua.c or SQLite's
+ * shell.  Exit codes: 0 ok, 1 runtime or library error, 2 usage error.
+ * Usage errors and failures are one line on stderr, starting "sparrow: ".
+ */
+#include "sparrow.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SPARROW_CLI_VERSION SPARROW_VERSION
+
+enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
+
+/* ---- defaults (the help text prints these very values) -------------------- */
+#define DEF_N_PREDICT 128
+#define DEF_TEMP 0.8
+#define DEF_TOP_K 40
+#define DEF_TOP_P 0.95
+#define DEF_MIN_P 0.05
+#define DEF_REPEAT_PENALTY 1.0
+#define DEF_REPEAT_LAST_N 64
+#define MAX_REPEAT_LAST_N 1048576
+#define MAX_THREADS 1024
+
+/* ---- help ------------------------------------------------------------------ */
+
+static void help_main(FILE *f) {
+    fprintf(f,
+            "sparrow %s -- LLM inference for devices whose memory is smaller than the model\n"
+            "\n"
+            "usage: sparrow COMMAND [OPTIONS]\n"
+            "\n"
+            "commands:\n"
+            "  run        generate text from a prompt\n"
+            "  tokenize   print the token ids of a text\n"
+            "  inspect    describe a model file: hyper-parameters, tokenizer, metadata, tensors\n"
+            "  help [COMMAND]  this text, or a command's options\n"
+            "\n"
+            "options:\n"
+            "  -h, --help     print this help and exit\n"
+            "  --version      print the version and exit\n"
+            "\n"
+            "Run 'sparrow COMMAND --help' for the options of a command.\n"
+            "Model files: GGUF (v2/v3) or llama2.c checkpoints (.bin, with a tokenizer.bin).\n"
+            "\n"
+            "exit status: 0 success, 1 runtime or library error (message on stderr),\n"
+            "             2 usage error (bad command, option or value).\n",
+            SPARROW_CLI_VERSION);
+}
+
+static int default_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    return (int)n;
+}
+
+static const char *kv_type_name(enum sp_kv_type t) {
+    return t == SP_KV_F16 ? "f16" : t == SP_KV_F32 ? "f32" : "?";
+}
+
+static void help_run(FILE *f) {
+    struct sp_session_params sp = sp_session_default_params();
+    fprintf(f,
+            "usage: sparrow run -m MODEL [-p PROMPT | -f FILE] [OPTIONS]\n"
+            "\n"
+            "Generate a continuation of PROMPT.  stdout receives exactly the bytes of the\n"
+            "generated tokens, as they are produced (not the prompt, no added newline);\n"
+            "the seed, timings and errors go to stderr.  Generation stops after N tokens,\n"
+            "at an end-of-generation token (not printed), or when the context is full\n"
+            "(a message on stderr; exit status 0).  The prompt is preceded by BOS when the\n"
+            "vocabulary asks for it; an empty prompt is BOS alone.\n"
+            "\n"
+            "options:\n"
+            "  -m, --model FILE        model file (GGUF or llama2.c .bin); required\n"
+            "  -p, --prompt TEXT       prompt text (default: empty)\n"
+            "  -f, --file FILE         read the prompt from FILE ('-' = stdin); excludes -p\n"
+            "  -n, --n-predict N       tokens to generate, -1 = until end of generation or\n"
+            "                          a full context (default: %d)\n"
+            "      --temp T            temperature, >= 0; 0 = greedy (default: %g)\n"
+            "      --top-k K           keep the K most likely tokens, 0 = off (default: %d)\n"
+            "      --top-p P           keep the smallest set with probability >= P, in (0, 1];\n"
+            "                          1 = off (default: %g)\n"
+            "      --min-p P           drop tokens below P x the most likely one's\n"
+            "                          probability, in [0, 1]; 0 = off (default: %g)\n"
+            "      --repeat-penalty R  penalise the last N tokens: logit / R if > 0, else\n"
+            "                          logit x R; R > 0, 1 = off (default: %g)\n"
+            "      --repeat-last-n N   tokens the penalty looks back at, 0..%d\n"
+            "                          (default: %d)\n"
+            "      --seed S            sampler seed, 0..2^64-1 (default: from the clock,\n"
+            "                          printed on stderr)\n"
+            "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
+            "  -c, --ctx-size N        context length in tokens, 0 = the model's, capped at\n"
+            "                          4096 (default: 0)\n"
+            "      --kv-type TYPE      KV cache element type: f32 or f16 (default: %s)\n"
+            "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
+            "                          beside the model)\n"
+            "  -v, --verbose           print the library's log messages on stderr\n"
+            "  -h, --help              print this help and exit\n"
+            "\n"
+            "Sampling order: repetition penalty, then greedy if T = 0, else temperature,\n"
+            "top-k, top-p, min-p, and a draw from the seeded RNG.  The same model, prompt,\n"
+            "options and seed give the same output.\n"
+            "\n"
+            "exit status: 0 success (also when the context fills up), 1 runtime or library\n"
+            "error (e.g. a missing file, a prompt longer than the context), 2 usage error.\n",
+            DEF_N_PREDICT, DEF_TEMP, DEF_TOP_K, DEF_TOP_P, DEF_MIN_P, DEF_REPEAT_PENALTY, MAX_REPEAT_LAST_N,
+            DEF_REPEAT_LAST_N, MAX_THREADS, default_threads(), kv_type_name(sp.kv_type));
+}
+
+static void help_tokenize(FILE *f) {
+    fprintf(f, "usage: sparrow tokenize -m MODEL [OPTIONS] (TEXT | --file FILE)\n"
+               "\n"
+               "Print the token ids of TEXT (or of FILE's bytes, read as they are) on one line,\n"
+               "separated by single spaces and ended by a newline; an empty line if there are\n"
+               "none.  BOS is prepended when the vocabulary asks for it; EOS never is.  Special-\n"
+               "token text in the input is not parsed as special.  Only the vocabulary is\n"
+               "loaded, so vocabulary-only GGUF files work.\n"
+               "\n"
+               "options:\n"
+               "  -m, --model FILE        model or vocabulary file (GGUF or llama2.c .bin); required\n"
+               "      --file FILE         tokenize FILE's bytes ('-' = stdin); excludes TEXT\n"
+               "      --no-bos            never prepend BOS (default: prepend it when the\n"
+               "                          vocabulary asks for it)\n"
+               "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
+               "                          beside the model)\n"
+               "  -v, --verbose           print the library's log messages on stderr\n"
+               "  -h, --help              print this help and exit\n"
+               "  --                      end of options: the next argument is TEXT\n"
+               "\n"
+               "exit status: 0 success, 1 runtime or library error, 2 usage error.\n");
+}
+
+static void help_inspect(FILE *f) {
+    fprintf(f, "usage: sparrow inspect [OPTIONS] MODEL\n"
+               "\n"
+               "Describe a model file without reading its weights: file format, architecture,\n"
+               "hyper-parameters, tokenizer (kind, pre-tokenizer, vocabulary size, BOS/EOS),\n"
+               "every metadata key, and every tensor (name, type, shape, file offset, bytes),\n"
+               "then totals: tensor bytes, parameter count and the bytes read per decoded token.\n"
+               "\n"
+               "options:\n"
+               "  -m, --model FILE        the model (instead of the MODEL argument)\n"
+               "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
+               "                          beside the model)\n"
+               "      --vocab-only        load only the vocabulary (for vocabulary-only GGUF files)\n"
+               "  -v, --verbose           print the library's log messages on stderr\n"
+               "  -h, --help              print this help and exit\n"
+               "\n"
+               "exit status: 0 success, 1 runtime or library error, 2 usage error.\n");
+}
+
+/* ---- errors ----------------------------------------------------------------- */
+
+static void usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+static void usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    fputs("sparrow: ", stderr);
+    if (cmd) fprintf(stderr, "%s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(EXIT_USAGE);
+}
+
+/* One line for a failed library call: its message (which names the file,
+ * tensor or key), or the status name if the library left none. */
+static int lib_error(const char *what, sp_status st) {
+    const char *msg = sp_last_error();
+    if (msg && *msg) {
+        fprintf(stderr, "sparrow: %s\n", msg);
+    } else {
+        fprintf(stderr, "sparrow: %s: %s\n", what, sp_status_str(st));
+    }
+    return EXIT_RUNTIME;
+}
+
+/* Library log messages.  Failures come back as a status plus sp_last_error(),
+ * which the CLI prints once; so by default only warnings are shown, and with
+ * -v everything. */
+static void cli_log(enum sp_log_level level, const char *msg, void *user) {
+    const int verbose = *(const int *)user;
+    if (verbose) {
+        static const char *const names[] = {"error", "warning", "info", "debug"};
+        fprintf(stderr, "sparrow: [%s] %s\n", (unsigned)level < 4 ? names[level] : "log", msg);
+    } else if (level == SP_LOG_WARN) {
+        fprintf(stderr, "sparrow: warning: %s\n", msg);
+    }
+}
+static int log_verbose;
+
+/* ---- option parsing -----------------------------------------------------------
+ * Options are "-x VALUE", "--long VALUE" or "--long=VALUE"; "--" ends them.
+ * Values are parsed strictly: the whole string must be a number in range. */
+
+struct argp {
+    const char *cmd;
+    int argc;
+    char **argv;
+    int i;               /* index of the current argument */
+    const char *inl;     /* the VALUE of "--long=VALUE", else NULL */
+    char name[64];       /* the option as written, without "=VALUE" */
+};
+
+/* Does argv[i] name this option?  Sets name/inl. */
+static int opt_is(struct argp *a, const char *short_name, const char *long_name) {
+    const char *arg = a->argv[a->i];
+    if (short_name && strcmp(arg, short_name) == 0) {
+        snprintf(a->name, sizeof a->name, "%s", arg);
+        a->inl = NULL;
+        return 1;
+    }
+    if (!long_name) return 0;
+    size_t n = strlen(long_name);
+    if (strncmp(arg, long_name, n) == 0 && (arg[n] == '\0' || arg[n] == '=')) {
+        snprintf(a->name, sizeof a->name, "%s", long_name);
+        a->inl = arg[n] == '=' ? arg + n + 1 : NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* For an option without a value: reject "--flag=VALUE". */
+static void opt_no_value(struct argp *a) {
+    if (a->inl) usage_error(a->cmd, "%s: takes no value, got '%s'", a->name, a->inl);
+}
+
+static const char *opt_value(struct argp *a) {
+    if (a->inl) return a->inl;
+    if (a->i + 1 >= a->argc) usage_error(a->cmd, "%s: missing value", a->name);
+    return a->argv[++a->i];
+}
+
+static long long parse_int(struct argp *a, const char *s, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r'))
+        usage_error(a->cmd, "%s: expected an integer, got '%s'", a->name, s);
+    if (errno == ERANGE || v < lo || v > hi)
+        usage_error(a->cmd, "%s: expected an integer in [%lld, %lld], got '%s'", a->name, lo, hi, s);
+    return v;
+}
+
+static uint64_t parse_u64(struct argp *a, const char *s) {
+    char *end;
+    errno = 0;
+    if (!(s[0] >= '0' && s[0] <= '9')) usage_error(a->cmd, "%s: expected an unsigned integer, got '%s'", a->name, s);
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end != '\0') usage_error(a->cmd, "%s: expected an unsigned integer, got '%s'", a->name, s);
+    if (errno == ERANGE) usage_error(a->cmd, "%s: expected an integer in [0, 2^64-1], got '%s'", a->name, s);
+    return (uint64_t)v;
+}
+
+/* A finite number in [lo, hi], or in (lo, hi] when lo_open. */
+static double parse_num(struct argp *a, const char *s, double lo, double hi, int lo_open) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r') || !isfinite(v))
+        usage_error(a->cmd, "%s: expected a number, got '%s'", a->name, s);
+    if (errno == ERANGE || (lo_open ? v <= lo : v < lo) || v > hi) {
+        if (hi >= 1e30)
+            usage_error(a->cmd, "%s: expected a number %s %g, got '%s'", a->name, lo_open ? ">" : ">=", lo, s);
+        usage_error(a->cmd, "%s: expected a number in %c%g, %g], got '%s'", a->name, lo_open ? '(' : '[', lo, hi, s);
+    }
+    return v;
+}
+
+static void unknown_option(struct argp *a) {
+    usage_error(a->cmd, "unknown option '%s' (see 'sparrow %s --help')", a->argv[a->i], a->cmd);
+}
+
+static int is_option(const char *arg) {
+    return arg[0] == '-' && arg[1] != '\0'; /* "-" alone is an argument (stdin) */
+}
+
+/* ---- small utilities ----------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Read a whole file ('-' = stdin) into malloc'd memory; *len = bytes.
+ * Returns 0, or -1 with a one-line message printed. */
+static int read_all(const char *cmd, const char *path, char **out, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    if (!f) {
+        fprintf(stderr, "sparrow: %s: cannot open '%s': %s\n", cmd, path, strerror(errno));
+        return -1;
+    }
+    for (;;) {
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : 65536;
+            char *nb = realloc(buf, ncap + 1);
+            if (!nb) {
+                fprintf(stderr, "sparrow: %s: out of memory reading '%s'\n", cmd, path);
+                goto fail;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    if (ferror(f)) {
+        fprintf(stderr, "sparrow: %s: cannot read '%s': %s\n", cmd, path, strerror(errno));
+        goto fail;
+    }
+    if (f != stdin) fclose(f);
+    if (!buf) buf = malloc(1);
+    if (!buf) {
+        fprintf(stderr, "sparrow: %s: out of memory reading '%s'\n", cmd, path);
+        return -1;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+fail:
+    if (f != stdin) fclose(f);
+    free(buf);
+    return -1;
+}
+
+/* Tokenize into a malloc'd array (grown on SP_E_BUFFER). */
+static sp_status tokenize_all(const struct sp_model *m, const char *text, size_t len, unsigned flags,
+                              int32_t **out, int32_t *n_out) {
+    int32_t cap = len < ((size_t)1 << 20) ? (int32_t)len + 16 : (1 << 20); /* grown on SP_E_BUFFER */
+    int32_t *toks = malloc((size_t)cap * sizeof(*toks));
+    int32_t n = 0;
+    if (!toks) return SP_E_NOMEM;
+    sp_status rc = sp_tokenize(m, text, len, flags, toks, cap, &n);
+    if (rc == SP_E_BUFFER && n > cap) {
+        int32_t *nt = realloc(toks, (size_t)n * sizeof(*toks));
+        if (!nt) {
+            free(toks);
+            return SP_E_NOMEM;
+        }
+        toks = nt;
+        cap = n;
+        rc = sp_tokenize(m, text, len, flags, toks, cap, &n);
+    }
+    if (rc != SP_OK) {
+        free(toks);
+        return rc;
+    }
+    *out = toks;
+    *n_out = n;
+    return SP_OK;
+}
+
+/* A growable byte buffer for token pieces. */
+struct piece_buf {
+    char *p;
+    size_t cap;
+};
+
+static sp_status piece_of(const struct sp_model *m, int32_t tok, struct piece_buf *b, size_t *n) {
+    sp_status rc = sp_token_to_piece(m, tok, b->p, b->cap, n);
+    if (rc == SP_E_BUFFER) {
+        char *np = realloc(b->p, *n + 1);
+        if (!np) return SP_E_NOMEM;
+        b->p = np;
+        b->cap = *n + 1;
+        rc = sp_token_to_piece(m, tok, b->p, b->cap, n);
+    }
+    return rc;
+}
+
+static sp_status load_model(const char *path, const char *tokenizer, bool vocab_only, struct sp_model **out) {
+    struct sp_model_params mp = sp_model_default_params();
+    mp.tokenizer_path = tokenizer;
+    mp.vocab_only = vocab_only;
+    return sp_model_load(path, &mp, out);
+}
+
+/* ---- run ------------------------------------------------------------------------ */
+
+static int cmd_run(int argc, char **argv) {
+    struct argp a = {.cmd = "run", .argc = argc, .argv = argv};
+    const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *tokenizer = NULL;
+    long long n_predict = DEF_N_PREDICT;
+    struct sp_session_params sp = sp_session_default_params();
+    bool have_seed = false;
+    sp.sampling.temp = (float)DEF_TEMP;
+    sp.sampling.top_k = DEF_TOP_K;
+    sp.sampling.top_p = (float)DEF_TOP_P;
+    sp.sampling.min_p = (float)DEF_MIN_P;
+    sp.sampling.repeat_penalty = (float)DEF_REPEAT_PENALTY;
+    sp.sampling.repeat_last_n = DEF_REPEAT_LAST_N;
+    sp.n_ctx = 0;
+    sp.n_threads = default_threads();
+
+    for (a.i = 1; a.i < argc; a.i++) {
+        const char *arg = argv[a.i];
+        if (opt_is(&a, "-h", "--help")) {
+            help_run(stdout);
+            return EXIT_OK;
+        } else if (opt_is(&a, "-m", "--model")) {
+            model_path = opt_value(&a);
+        } else if (opt_is(&a, "-p", "--prompt")) {
+            prompt = opt_value(&a);
+        } else if (opt_is(&a, "-f", "--file")) {
+            prompt_file = opt_value(&a);
+        } else if (opt_is(&a, "-n", "--n-predict")) {
+            n_predict = parse_int(&a, opt_value(&a), -1, INT32_MAX);
+        } else if (opt_is(&a, NULL, "--temp")) {
+            sp.sampling.temp = (float)parse_num(&a, opt_value(&a), 0, 1e38, 0);
+        } else if (opt_is(&a, NULL, "--top-k")) {
+            sp.sampling.top_k = (int32_t)parse_int(&a, opt_value(&a), 0, INT32_MAX);
+        } else if (opt_is(&a, NULL, "--top-p")) {
+            sp.sampling.top_p = (float)parse_num(&a, opt_value(&a), 0, 1, 1);
+        } else if (opt_is(&a, NULL, "--min-p")) {
+            sp.sampling.min_p = (float)parse_num(&a, opt_value(&a), 0, 1, 0);
+        } else if (opt_is(&a, NULL, "--repeat-penalty")) {
+            sp.sampling.repeat_penalty = (float)parse_num(&a, opt_value(&a), 0, 1e38, 1);
+        } else if (opt_is(&a, NULL, "--repeat-last-n")) {
+            sp.sampling.repeat_last_n = (int32_t)parse_int(&a, opt_value(&a), 0, MAX_REPEAT_LAST_N);
+        } else if (opt_is(&a, NULL, "--seed")) {
+            sp.seed = parse_u64(&a, opt_value(&a));
+            have_seed = true;
+        } else if (opt_is(&a, "-t", "--threads")) {
+            sp.n_threads = (int32_t)parse_int(&a, opt_value(&a), 1, MAX_THREADS);
+        } else if (opt_is(&a, "-c", "--ctx-size")) {
+            sp.n_ctx = (int32_t)parse_int(&a, opt_value(&a), 0, INT32_MAX);
+        } else if (opt_is(&a, NULL, "--kv-type")) {
+            const char *v = opt_value(&a);
+            if (strcmp(v, "f32") == 0) sp.kv_type = SP_KV_F32;
+            else if (strcmp(v, "f16") == 0) sp.kv_type = SP_KV_F16;
+            else usage_error(a.cmd, "%s: expected f32 or f16, got '%s'", a.name, v);
+        } else if (opt_is(&a, NULL, "--tokenizer")) {
+            tokenizer = opt_value(&a);
+        } else if (opt_is(&a, "-v", "--verbose")) {
+            opt_no_value(&a);
+            log_verbose = 1;
+        } else if (is_option(arg)) {
+            unknown_option(&a);
+        } else {
+            usage_error(a.cmd, "unexpected argument '%s' (the prompt goes after -p)", arg);
+        }
+    }
+    if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow run --help')");
+    if (prompt && prompt_file) usage_error(a.cmd, "-p and -f exclude each other");
+
+    int ret = EXIT_RUNTIME;
+    sp_status rc;
+    struct sp_model *model = NULL;
+    struct sp_session *sess = NULL;
+    char *file_text = NULL;
+    int32_t *toks = NULL, n_toks = 0;
+    struct piece_buf pb = {NULL, 0};
+    size_t prompt_len = 0;
+
+    if (prompt_file) {
+        if (read_all(a.cmd, prompt_file, &file_text, &prompt_len) != 0) goto done;
+        prompt = file_text;
+    } else if (prompt) {
+        prompt_len = strlen(prompt);
+    } else {
+        prompt = "";
+    }
+    if (!have_seed) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        sp.seed = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
+    }
+
+    sp_log_set(cli_log, &log_verbose);
+    const double t_load0 = now_s();
+    rc = load_model(model_path, tokenizer, false, &model);
+    if (rc != SP_OK) {
+        ret = lib_error("loading the model", rc);
+        goto done;
+    }
+    rc = sp_session_init(model, &sp, &sess);
+    if (rc != SP_OK) {
+        ret = lib_error("creating the session", rc);
+        goto done;
+    }
+    const double t_load = now_s() - t_load0;
+
+    rc = tokenize_all(model, prompt, prompt_len, SP_TOKENIZE_ADD_BOS, &toks, &n_toks);
+    if (rc != SP_OK) {
+        ret = lib_error("tokenizing the prompt", rc);
+        goto done;
+    }
+    const int32_t n_ctx = sp_session_n_ctx(sess);
+    if (n_toks == 0) {
+        fprintf(stderr, "sparrow: run: the prompt is empty and the vocabulary adds no BOS token: nothing to "
+                        "decode\n");
+        goto done;
+    }
+    if (n_toks > n_ctx) {
+        fprintf(stderr, "sparrow: run: the prompt is %d tokens, longer than the context of %d tokens (-c)\n",
+                (int)n_toks, (int)n_ctx);
+        goto done;
+    }
+    fprintf(stderr, "sparrow: seed %" PRIu64 ", n_ctx %d, threads %d, prompt %d tokens\n", sp.seed, (int)n_ctx,
+            (int)sp.n_threads, (int)n_toks);
+
+    const double t_p0 = now_s();
+    rc = sp_decode(sess, toks, n_toks);
+    if (rc != SP_OK) {
+        ret = lib_error("decoding the prompt", rc);
+        goto done;
+    }
+    const double t_prompt = now_s() - t_p0;
+
+    enum { STOP_N, STOP_EOG, STOP_CTX } stop = STOP_N;
+    long long n_gen = 0, n_dec = 0;
+    double t_dec = 0;
+    const double t_g0 = now_s();
+    while (n_predict < 0 || n_gen < n_predict) {
+        int32_t tok;
+        size_t len = 0;
+        rc = sp_sample(sess, &tok);
+        if (rc != SP_OK) {
+            ret = lib_error("sampling", rc);
+            goto done;
+        }
+        if (sp_token_is_eog(model, tok)) {
+            stop = STOP_EOG;
+            break;
+        }
+        rc = piece_of(model, tok, &pb, &len);
+        if (rc != SP_OK) {
+            ret = lib_error("rendering a token", rc);
+            goto done;
+        }
+        if ((len && fwrite(pb.p, 1, len, stdout) != len) || fflush(stdout) != 0) {
+            fprintf(stderr, "sparrow: run: cannot write to stdout: %s\n", strerror(errno));
+            goto done;
+        }
+        n_gen++;
+        if (n_predict >= 0 && n_gen >= n_predict) break; /* the last token needs no decode */
+        const double t0 = now_s();
+        rc = sp_decode(sess, &tok, 1);
+        t_dec += now_s() - t0;
+        if (rc == SP_E_CONTEXT_FULL) {
+            stop = STOP_CTX;
+            break;
+        }
+        if (rc != SP_OK) {
+            ret = lib_error("decoding", rc);
+            goto done;
+        }
+        n_dec++;
+    }
+    const double t_gen = now_s() - t_g0;
+
+    if (n_gen > 0 && isatty(STDOUT_FILENO)) fputc('\n', stderr); /* keep the stats off the text's line */
+    if (stop == STOP_CTX)
+        fprintf(stderr, "sparrow: run: context full (%d tokens); stopped after %lld generated tokens\n",
+                (int)n_ctx, n_gen);
+    fprintf(stderr,
+            "sparrow: load %.3f s | prompt %d tokens in %.3f s (%.1f tok/s) | decode %lld tokens in %.3f s "
+            "(%.1f tok/s) | generated %lld tokens in %.3f s%s\n",
+            t_load, (int)n_toks, t_prompt, t_prompt > 0 ? n_toks / t_prompt : 0.0, n_dec, t_dec,
+            t_dec > 0 ? n_dec / t_dec : 0.0, n_gen, t_gen, stop == STOP_EOG ? " | stopped at end of generation" : "");
+    ret = EXIT_OK;
+
+done:
+    free(pb.p);
+    free(toks);
+    free(file_text);
+    sp_session_free(sess);
+    sp_model_free(model);
+    return ret;
+}
+
+/* ---- tokenize --------------------------------------------------------------------- */
+
+static int cmd_tokenize(int argc, char **argv) {
+    struct argp a = {.cmd = "tokenize", .argc = argc, .argv = argv};
+    const char *model_path = NULL, *text = NULL, *file = NULL, *tokenizer = NULL;
+    bool add_bos = true, opts_done = false;
+
+    for (a.i = 1; a.i < argc; a.i++) {
+        const char *arg = argv[a.i];
+        if (opts_done || !is_option(arg)) {
+            if (text) usage_error(a.cmd, "unexpected argument '%s' (quote the text as one argument)", arg);
+            text = arg;
+        } else if (strcmp(arg, "--") == 0) {
+            opts_done = true;
+        } else if (opt_is(&a, "-h", "--help")) {
+            help_tokenize(stdout);
+            return EXIT_OK;
+        } else if (opt_is(&a, "-m", "--model")) {
+            model_path = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--file")) {
+            file = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--no-bos")) {
+            opt_no_value(&a);
+            add_bos = false;
+        } else if (opt_is(&a, NULL, "--tokenizer")) {
+            tokenizer = opt_value(&a);
+        } else if (opt_is(&a, "-v", "--verbose")) {
+            opt_no_value(&a);
+            log_verbose = 1;
+        } else {
+            unknown_option(&a);
+        }
+    }
+    if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow tokenize --help')");
+    if (text && file) usage_error(a.cmd, "TEXT and --file exclude each other");
+    if (!text && !file) usage_error(a.cmd, "nothing to tokenize: give TEXT or --file FILE");
+
+    int ret = EXIT_RUNTIME;
+    struct sp_model *model = NULL;
+    char *buf = NULL;
+    int32_t *toks = NULL, n = 0;
+    size_t len;
+    sp_status rc;
+
+    if (file) {
+        if (read_all(a.cmd, file, &buf, &len) != 0) goto done;
+        text = buf;
+    } else {
+        len = strlen(text);
+    }
+    sp_log_set(cli_log, &log_verbose);
+    rc = load_model(model_path, tokenizer, true, &model);
+    if (rc != SP_OK) {
+        ret = lib_error("loading the vocabulary", rc);
+        goto done;
+    }
+    rc = tokenize_all(model, text, len, add_bos ? SP_TOKENIZE_ADD_BOS : 0u, &toks, &n);
+    if (rc != SP_OK) {
+        ret = lib_error("tokenizing", rc);
+        goto done;
+    }
+    for (int32_t i = 0; i < n; i++) printf(i ? " %d" : "%d", (int)toks[i]);
+    putchar('\n');
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "sparrow: tokenize: cannot write to stdout: %s\n", strerror(errno));
+        goto done;
+    }
+    ret = EXIT_OK;
+done:
+    free(toks);
+    free(buf);
+    sp_model_free(model);
+    return ret;
+}
+
+/* ---- inspect ---------------------------------------------------------------------- */
+
+/* "1.13 MiB" style, into a static buffer (one use per printf). */
+static const char *human_bytes(uint64_t n, char *buf, size_t cap) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, cap, "%" PRIu64 " B", n);
+    else snprintf(buf, cap, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+static const char *human_count(uint64_t n, char *buf, size_t cap) {
+    if (n >= 1000000000ull) snprintf(buf, cap, "%.2f B", (double)n / 1e9);
+    else if (n >= 1000000ull) snprintf(buf, cap, "%.2f M", (double)n / 1e6);
+    else if (n >= 1000ull) snprintf(buf, cap, "%.1f K", (double)n / 1e3);
+    else snprintf(buf, cap, "%" PRIu64, n);
+    return buf;
+}
+
+/* Metadata values may hold newlines or other control bytes (chat templates):
+ * print them escaped so that each key stays on one line. */
+static void print_escaped(const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '\n') fputs("\\n", stdout);
+        else if (*p == '\t') fputs("\\t", stdout);
+        else if (*p == '\r') fputs("\\r", stdout);
+        else if (*p < 0x20 || *p == 0x7f) printf("\\x%02x", *p);
+        else putchar(*p);
+    }
+}
+
+#define ROW(label, ...)                                                                                      \
+    do {                                                                                                     \
+        printf("  %-16s ", label);                                                                           \
+        printf(__VA_ARGS__);                                                                                 \
+        putchar('\n');                                                                                       \
+    } while (0)
+
+static int cmd_inspect(int argc, char **argv) {
+    struct argp a = {.cmd = "inspect", .argc = argc, .argv = argv};
+    const char *model_path = NULL, *tokenizer = NULL;
+    bool vocab_only = false;
+
+    for (a.i = 1; a.i < argc; a.i++) {
+        const char *arg = argv[a.i];
+        if (!is_option(arg)) {
+            if (model_path) usage_error(a.cmd, "unexpected argument '%s' (one MODEL at a time)", arg);
+            model_path = arg;
+        } else if (opt_is(&a, "-h", "--help")) {
+            help_inspect(stdout);
+            return EXIT_OK;
+        } else if (opt_is(&a, "-m", "--model")) {
+            if (model_path) usage_error(a.cmd, "%s: a MODEL was already given", a.name);
+            model_path = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--tokenizer")) {
+            tokenizer = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--vocab-only")) {
+            opt_no_value(&a);
+            vocab_only = true;
+        } else if (opt_is(&a, "-v", "--verbose")) {
+            opt_no_value(&a);
+            log_verbose = 1;
+        } else {
+            unknown_option(&a);
+        }
+    }
+    if (!model_path) usage_error(a.cmd, "MODEL is required (see 'sparrow inspect --help')");
+
+    struct sp_model *model = NULL;
+    struct sp_model_info mi;
+    char b1[64], b2[64];
+    sp_status rc;
+    sp_log_set(cli_log, &log_verbose);
+    rc = load_model(model_path, tokenizer, vocab_only, &model);
+    if (rc != SP_OK) return lib_error("loading the model", rc);
+    rc = sp_model_get_info(model, &mi);
+    if (rc != SP_OK) {
+        int ret = lib_error("reading the model info", rc);
+        sp_model_free(model);
+        return ret;
+    }
+#define S(x) ((x) && *(x) ? (x) : "-")
+    printf("model\n");
+    ROW("file", "%s", model_path);
+    ROW("format", "%s", S(mi.file_format));
+    ROW("file size", "%" PRIu64 " bytes (%s)", mi.file_size, human_bytes(mi.file_size, b1, sizeof b1));
+    ROW("architecture", "%s", S(mi.arch));
+    ROW("name", "%s", S(mi.name));
+
+    printf("\nhyper-parameters\n");
+    ROW("n_vocab", "%d", (int)mi.n_vocab);
+    ROW("n_ctx_train", "%d", (int)mi.n_ctx_train);
+    ROW("n_embd", "%d", (int)mi.n_embd);
+    ROW("n_layers", "%d", (int)mi.n_layers);
+    ROW("n_heads", "%d", (int)mi.n_heads);
+    ROW("n_kv_heads", "%d", (int)mi.n_kv_heads);
+    ROW("head_dim_k", "%d", (int)mi.head_dim_k);
+    ROW("head_dim_v", "%d", (int)mi.head_dim_v);
+    ROW("n_ff", "%d", (int)mi.n_ff);
+    ROW("n_experts", "%d", (int)mi.n_experts);
+    ROW("n_experts_used", "%d", (int)mi.n_experts_used);
+    ROW("rope_theta", "%g", (double)mi.rope_theta);
+    ROW("rope_dims", "%d", (int)mi.rope_dims);
+    ROW("rope_neox", "%s", mi.rope_neox ? "yes" : "no");
+    ROW("rms_eps", "%g", (double)mi.rms_eps);
+    ROW("tied_output", "%s", mi.tied_output ? "yes" : "no");
+
+    printf("\ntokenizer\n");
+    ROW("kind", "%s", S(mi.tokenizer));
+    ROW("pre", "%s", S(mi.tokenizer_pre));
+    ROW("n_vocab", "%d", (int)mi.n_vocab);
+    if (mi.bos >= 0) ROW("bos", "%d", (int)mi.bos);
+    else ROW("bos", "none");
+    if (mi.eos >= 0) ROW("eos", "%d", (int)mi.eos);
+    else ROW("eos", "none");
+    ROW("add_bos", "%s", mi.add_bos ? "yes" : "no");
+
+    /* metadata: keys padded to the longest */
+    const int32_t n_meta = sp_model_n_meta(model);
+    char key[256], val[512];
+    int kw = 3;
+    for (int32_t i = 0; i < n_meta; i++) {
+        if (sp_model_get_meta(model, i, key, sizeof key, val, sizeof val) != SP_OK) continue;
+        int l = (int)strlen(key);
+        if (l > kw) kw = l;
+    }
+    printf("\nmetadata (%d keys)\n", (int)n_meta);
+    for (int32_t i = 0; i < n_meta; i++) {
+        rc = sp_model_get_meta(model, i, key, sizeof key, val, sizeof val);
+        if (rc != SP_OK) {
+            printf("  #%d: %s\n", (int)i, sp_status_str(rc));
+            continue;
+        }
+        printf("  %-*s  ", kw, key);
+        print_escaped(val);
+        putchar('\n');
+    }
+
+    /* tensors: name column as wide as the longest name */
+    const int32_t n_t = sp_model_n_tensors(model);
+    int nw = 4, tw = 4, sw = 5;
+    uint64_t sum = 0;
+    for (int32_t i = 0; i < n_t; i++) {
+        struct sp_tensor_info ti;
+        if (sp_model_get_tensor(model, i, &ti) != SP_OK) continue;
+        int l = ti.name ? (int)strlen(ti.name) : 1;
+        if (l > nw) nw = l;
+        l = ti.type ? (int)strlen(ti.type) : 1;
+        if (l > tw) tw = l;
+        char shape[96];
+        int k = 0;
+        for (int d = 0; d < ti.n_dims && d < 4; d++)
+            k += snprintf(shape + k, sizeof shape - (size_t)k, d ? " x %" PRId64 : "%" PRId64, ti.ne[d]);
+        if (k > sw) sw = k;
+    }
+    printf("\ntensors (%d)\n", (int)n_t);
+    if (n_t > 0)
+        printf("  %5s  %-*s  %-*s  %-*s  %12s  %12s\n", "#", nw, "name", tw, "type", sw, "shape", "offset", "bytes");
+    for (int32_t i = 0; i < n_t; i++) {
+        struct sp_tensor_info ti;
+        rc = sp_model_get_tensor(model, i, &ti);
+        if (rc != SP_OK) {
+            printf("  %5d  %s\n", (int)i, sp_status_str(rc));
+            continue;
+        }
+        char shape[96];
+        int k = 0;
+        shape[0] = '\0';
+        for (int d = 0; d < ti.n_dims && d < 4; d++)
+            k += snprintf(shape + k, sizeof shape - (size_t)k, d ? " x %" PRId64 : "%" PRId64, ti.ne[d]);
+        printf("  %5d  %-*s  %-*s  %-*s  %12" PRIu64 "  %12" PRIu64 "\n", (int)i, nw, S(ti.name), tw, S(ti.type), sw,
+               shape, ti.offset, ti.size);
+        sum += ti.size;
+    }
+
+    printf("\ntotals\n");
+    ROW("tensors", "%d", (int)n_t);
+    ROW("tensor bytes", "%" PRIu64 " (%s)", mi.tensor_bytes, human_bytes(mi.tensor_bytes, b1, sizeof b1));
+    if (sum != mi.tensor_bytes) ROW("listed bytes", "%" PRIu64 " (sum of the rows above)", sum);
+    ROW("parameters", "%" PRIu64 " (%s)", mi.n_params, human_count(mi.n_params, b2, sizeof b2));
+    ROW("bytes/token", "%" PRIu64 " (%s read per decoded token)", mi.bytes_per_token,
+        human_bytes(mi.bytes_per_token, b1, sizeof b1));
+#undef S
+    sp_model_free(model);
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "sparrow: inspect: cannot write to stdout: %s\n", strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    return EXIT_OK;
+}
+
+/* ---- main ------------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    void (*help)(FILE *f);
+} commands[] = {
+    {"run", cmd_run, help_run},
+    {"tokenize", cmd_tokenize, help_tokenize},
+    {"inspect", cmd_inspect, help_inspect},
+};
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "sparrow: missing command (see 'sparrow --help')\n");
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0) {
+        help_main(stdout);
+        return EXIT_OK;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("sparrow %s\n", SPARROW_CLI_VERSION);
+        return EXIT_OK;
+    }
+    if (strcmp(cmd, "help") == 0) {
+        if (argc == 2) {
+            help_main(stdout);
+            return EXIT_OK;
+        }
+        if (argc > 3) usage_error("help", "unexpected argument '%s'", argv[3]);
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+            if (strcmp(argv[2], commands[i].name) == 0) {
+                commands[i].help(stdout);
+                return EXIT_OK;
+            }
+        }
+        usage_error("help", "unknown command '%s' (see 'sparrow --help')", argv[2]);
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(cmd, commands[i].name) == 0) return commands[i].fn(argc - 1, argv + 1);
+    }
+    if (cmd[0] == '-') usage_error(NULL, "unknown option '%s' (see 'sparrow --help')", cmd);
+    usage_error(NULL, "unknown command '%s' (see 'sparrow --help')", cmd);
+}
