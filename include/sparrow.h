@@ -201,6 +201,8 @@ struct sp_sampling_params {
 struct sp_session_params {
     int32_t n_ctx;        /* 0 = the model's context length, capped at 4096 */
     int32_t n_threads;    /* 0 = one */
+    int32_t n_batch;      /* tokens per forward pass when feeding a prompt;
+                             0 = 128 (capped at n_ctx).  Memory grows with it. */
     uint64_t seed;        /* sampler seed; the same seed gives the same output */
     enum sp_kv_type kv_type;
     struct sp_sampling_params sampling;

@@ -205,6 +205,7 @@ struct sp_session {
     struct sp_session_params p;
     uint32_t n_ctx;
     uint32_t n_past;
+    uint32_t n_batch;
     struct sp_kv_cache *kv;
     struct sp_fwd *fwd;
     float *logits;   /* (n_vocab) */
@@ -216,6 +217,7 @@ struct sp_session_params sp_session_default_params(void) {
     return (struct sp_session_params){
         .n_ctx = 0,
         .n_threads = 0,
+        .n_batch = 0,
         .seed = 0,
         .kv_type = SP_KV_F32,
         .sampling = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.0f,
@@ -234,6 +236,7 @@ sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *pa
     if (p.n_threads < 0 || p.n_threads > 1024) {
         return sp_err(SP_E_INVALID, "%s: n_threads %d out of range [0, 1024]", __func__, p.n_threads);
     }
+    if (p.n_batch < 0) return sp_err(SP_E_INVALID, "%s: n_batch %d is negative", __func__, p.n_batch);
     if (p.kv_type != SP_KV_F32 && p.kv_type != SP_KV_F16) {
         return sp_err(SP_E_INVALID, "%s: unknown kv_type %d", __func__, (int)p.kv_type);
     }
@@ -241,9 +244,12 @@ sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *pa
     if (n_ctx == 0) n_ctx = hp->n_ctx_train ? SP_MIN(hp->n_ctx_train, 4096u) : 4096u;
     if (n_ctx > (1u << 24)) return sp_err(SP_E_INVALID, "%s: n_ctx %u too large", __func__, n_ctx);
 
+    const uint32_t n_batch = SP_MIN(p.n_batch ? (uint32_t)p.n_batch : 128u, n_ctx);
+
     struct sp_session *s = sp_calloc(1, sizeof(*s));
     if (!s) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     s->model = m;
+    s->n_batch = n_batch;
     s->p = p;
     s->n_ctx = n_ctx;
     sp_status rc;
@@ -251,7 +257,7 @@ sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *pa
     if ((rc = sp_kv_init(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim_k, hp->n_kv_heads * hp->head_dim_v,
                          p.kv_type, &s->kv)))
         goto fail;
-    if ((rc = sp_fwd_init(m, n_ctx, p.n_threads ? p.n_threads : 1, &s->fwd))) goto fail;
+    if ((rc = sp_fwd_init(m, n_ctx, n_batch, p.n_threads ? p.n_threads : 1, &s->fwd))) goto fail;
     s->logits = sp_malloc((size_t)hp->n_vocab * sizeof(float));
     if (!s->logits) {
         rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
@@ -293,15 +299,16 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
         return sp_err(SP_E_CONTEXT_FULL, "%s: %d tokens do not fit: %u of %u context positions are used", __func__,
                       n, s->n_past, s->n_ctx);
     }
-    for (int32_t i = 0; i < n; i++) {
-        const bool last = i == n - 1;
-        sp_status rc = sp_forward(s->model, s->fwd, s->kv, tokens[i], s->n_past, last ? s->logits : NULL);
+    for (int32_t i = 0; i < n; i += (int32_t)s->n_batch) {
+        const uint32_t nb = (uint32_t)SP_MIN((int32_t)s->n_batch, n - i);
+        const bool last = i + (int32_t)nb == n;
+        sp_status rc = sp_forward(s->model, s->fwd, s->kv, tokens + i, nb, s->n_past, last ? s->logits : NULL);
         if (rc) {
             s->has_logits = false;
             return rc;
         }
-        s->n_past++;
-        sp_sampler_accept(s->sampler, tokens[i]);
+        s->n_past += nb;
+        for (uint32_t j = 0; j < nb; j++) sp_sampler_accept(s->sampler, tokens[i + (int32_t)j]);
     }
     s->has_logits = true;
     return SP_OK;
@@ -328,5 +335,5 @@ int32_t sp_session_n_ctx(const struct sp_session *s) {
 
 uint64_t sp_session_memory_bytes(const struct sp_session *s) {
     if (!s) return 0;
-    return sp_kv_bytes(s->kv) + sp_fwd_bytes(s->model, s->n_ctx) + (uint64_t)s->model->mf->hp.n_vocab * sizeof(float);
+    return sp_kv_bytes(s->kv) + sp_fwd_bytes(s->model, s->n_ctx, s->n_batch) + (uint64_t)s->model->mf->hp.n_vocab * sizeof(float);
 }

@@ -1,10 +1,11 @@
 /*
- * llama.c -- the forward pass for the Llama family (llama, qwen2, qwen3),
- * one token at a time, in llama2.c's order:
+ * llama.c -- the forward pass for the Llama family (llama, qwen2, qwen3) over
+ * a batch of tokens, in llama2.c's order:
  *   embed -> per layer: rmsnorm -> q,k,v (+bias) -> (q/k norm) -> rope ->
  *   attention over the KV cache -> wo -> residual -> rmsnorm -> SwiGLU FFN ->
- *   residual -> final rmsnorm -> output head.
- * Weights are pinned through the pager right before use and unpinned after.
+ *   residual -> final rmsnorm -> output head (last token only).
+ * Each weight is pinned through the pager right before use, multiplied with
+ * all tokens of the batch at once (one pass over the weight), and unpinned.
  * Nothing here allocates: all scratch is in struct sp_fwd (sp_fwd_init).
  */
 #include "model.h"
@@ -16,10 +17,10 @@
 /* ---- scratch ------------------------------------------------------------ */
 
 struct fwd_sizes {
-    size_t x, q, k, v, attn, att, hb, xq;
+    size_t x, q, k, v, attn, att, hb, xq; /* per-token widths (att: per batch) */
 };
 
-static struct fwd_sizes fwd_sizes(const struct sp_hparams *hp, uint32_t n_ctx) {
+static struct fwd_sizes fwd_sizes(const struct sp_hparams *hp, uint32_t n_ctx, uint32_t n_batch) {
     struct fwd_sizes s;
     s.x = hp->n_embd;
     s.q = (size_t)hp->n_heads * hp->head_dim_k;
@@ -29,38 +30,42 @@ static struct fwd_sizes fwd_sizes(const struct sp_hparams *hp, uint32_t n_ctx) {
     s.att = (size_t)hp->n_heads * n_ctx;
     s.hb = hp->n_ff;
     int64_t widest = SP_MAX(SP_MAX((int64_t)s.x, (int64_t)s.attn), (int64_t)s.hb);
-    s.xq = sp_act_bytes(widest);
+    s.xq = sp_act_bytes(widest, n_batch);
     return s;
 }
 
-uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_ctx) {
-    struct fwd_sizes s = fwd_sizes(&m->mf->hp, n_ctx);
-    return (uint64_t)(3 * s.x + s.q + s.k + s.v + s.attn + s.att + 2 * s.hb) * sizeof(float) + s.xq;
+uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch) {
+    struct fwd_sizes s = fwd_sizes(&m->mf->hp, n_ctx, n_batch);
+    return (uint64_t)((3 * s.x + s.q + s.k + s.v + s.attn + 2 * s.hb) * n_batch + s.att) * sizeof(float) + s.xq;
 }
 
-sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, int n_threads, struct sp_fwd **out) {
+sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch, int n_threads,
+                      struct sp_fwd **out) {
     *out = NULL;
-    struct fwd_sizes s = fwd_sizes(&m->mf->hp, n_ctx);
+    SP_ASSERT(n_batch >= 1);
+    struct fwd_sizes s = fwd_sizes(&m->mf->hp, n_ctx, n_batch);
     struct sp_fwd *f = sp_calloc(1, sizeof(*f));
     if (!f) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     f->n_ctx = n_ctx;
-    f->x = sp_malloc(s.x * sizeof(float));
-    f->xb = sp_malloc(s.x * sizeof(float));
-    f->xb2 = sp_malloc(s.x * sizeof(float));
-    f->q = sp_malloc(s.q * sizeof(float));
-    f->k = sp_malloc(s.k * sizeof(float));
-    f->v = sp_malloc(s.v * sizeof(float));
-    f->attn = sp_malloc(s.attn * sizeof(float));
-    f->att = sp_malloc(s.att * sizeof(float));
-    f->hb = sp_malloc(s.hb * sizeof(float));
-    f->hb2 = sp_malloc(s.hb * sizeof(float));
+    f->n_batch = n_batch;
+    const size_t B = n_batch * sizeof(float);
+    f->x = sp_malloc_aligned(s.x * B, 64);
+    f->xb = sp_malloc_aligned(s.x * B, 64);
+    f->xb2 = sp_malloc_aligned(s.x * B, 64);
+    f->q = sp_malloc_aligned(s.q * B, 64);
+    f->k = sp_malloc_aligned(s.k * B, 64);
+    f->v = sp_malloc_aligned(s.v * B, 64);
+    f->attn = sp_malloc_aligned(s.attn * B, 64);
+    f->att = sp_malloc_aligned(s.att * sizeof(float), 64);
+    f->hb = sp_malloc_aligned(s.hb * B, 64);
+    f->hb2 = sp_malloc_aligned(s.hb * B, 64);
     f->xq_bytes = s.xq;
     f->xq = sp_malloc_aligned(s.xq, 64);
     if (!f->x || !f->xb || !f->xb2 || !f->q || !f->k || !f->v || !f->attn || !f->att || !f->hb || !f->hb2 ||
         !f->xq) {
         sp_fwd_free(f);
         return sp_err(SP_E_NOMEM, "%s: cannot allocate %llu bytes of scratch", __func__,
-                      (unsigned long long)sp_fwd_bytes(m, n_ctx));
+                      (unsigned long long)sp_fwd_bytes(m, n_ctx, n_batch));
     }
     sp_status rc = sp_pool_init(n_threads < 1 ? 1 : n_threads, &f->pool);
     if (rc) {
@@ -74,57 +79,63 @@ sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, int n_threads, s
 void sp_fwd_free(struct sp_fwd *f) {
     if (!f) return;
     sp_pool_free(f->pool);
-    sp_free(f->x);
-    sp_free(f->xb);
-    sp_free(f->xb2);
-    sp_free(f->q);
-    sp_free(f->k);
-    sp_free(f->v);
-    sp_free(f->attn);
-    sp_free(f->att);
-    sp_free(f->hb);
-    sp_free(f->hb2);
+    sp_free_aligned(f->x);
+    sp_free_aligned(f->xb);
+    sp_free_aligned(f->xb2);
+    sp_free_aligned(f->q);
+    sp_free_aligned(f->k);
+    sp_free_aligned(f->v);
+    sp_free_aligned(f->attn);
+    sp_free_aligned(f->att);
+    sp_free_aligned(f->hb);
+    sp_free_aligned(f->hb2);
     sp_free_aligned(f->xq);
     sp_free(f);
 }
 
 /* ---- pinned weight helpers ---------------------------------------------- */
 
-/* y = W x for weight t (ne = {n_in, n_out}); pins t for the duration. */
+/* Y = X W^T for weight t (ne = {n_in, n_out}): n_tok rows of x (n_in floats,
+ * x_ld apart) give n_tok rows of y (n_out floats, y_ld apart). */
 static sp_status matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, const float *x,
-                        float *y) {
+                        int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld) {
     const void *w;
     sp_status rc = sp_pager_pin(m->pager, t, &w);
     if (rc) return rc;
-    const void *xc = sp_act_convert(t->type, x, t->ne[0], f->xq);
-    sp_matvec(f->pool, t->type, w, t->ne[0], t->ne[1], xc, y);
+    size_t stride;
+    const void *xc = sp_act_convert(t->type, x, t->ne[0], x_ld, n_tok, f->xq, &stride);
+    sp_matmul(f->pool, t->type, w, t->ne[0], t->ne[1], xc, stride, n_tok, y, y_ld);
     sp_pager_unpin(m->pager, t);
     return SP_OK;
 }
 
-/* out = rmsnorm(x) * weight t */
-static sp_status norm(struct sp_model *m, const struct sp_tensor_desc *t, const float *x, float *out, int64_t n) {
+/* out row i = rmsnorm(x row i) * weight t, for n_rows rows of n floats. */
+static sp_status norm(struct sp_model *m, const struct sp_tensor_desc *t, const float *x, float *out, int64_t n,
+                      uint32_t n_rows) {
     const void *w;
     sp_status rc = sp_pager_pin(m->pager, t, &w);
     if (rc) return rc;
-    sp_rmsnorm(out, x, w, n, m->mf->hp.rms_eps);
+    for (uint32_t i = 0; i < n_rows; i++) sp_rmsnorm(out + i * n, x + i * n, w, n, m->mf->hp.rms_eps);
     sp_pager_unpin(m->pager, t);
     return SP_OK;
 }
 
-/* x[i] += bias[i] when the tensor exists */
-static sp_status add_bias(struct sp_model *m, const struct sp_tensor_desc *t, float *x) {
+/* x row i += bias, when the tensor exists. */
+static sp_status add_bias(struct sp_model *m, const struct sp_tensor_desc *t, float *x, uint32_t n_rows) {
     if (!t) return SP_OK;
     const void *w;
     sp_status rc = sp_pager_pin(m->pager, t, &w);
     if (rc) return rc;
     const float *b = w;
-    for (int64_t i = 0; i < t->ne[0]; i++) x[i] += b[i];
+    const int64_t n = t->ne[0];
+    for (uint32_t r = 0; r < n_rows; r++) {
+        for (int64_t i = 0; i < n; i++) x[r * n + i] += b[i];
+    }
     sp_pager_unpin(m->pager, t);
     return SP_OK;
 }
 
-/* Per-head RMSNorm (qwen3 q_norm / k_norm) over n_heads heads of hd. */
+/* Per-head RMSNorm (qwen3 q_norm / k_norm) over n_heads * n_rows heads of hd. */
 static sp_status head_norm(struct sp_model *m, const struct sp_tensor_desc *t, float *x, uint32_t n_heads,
                            uint32_t hd) {
     if (!t) return SP_OK;
@@ -148,16 +159,22 @@ static sp_status embed(struct sp_model *m, int32_t token, float *x) {
     return SP_OK;
 }
 
+static void add_rows(float *x, const float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
 /* ---- the forward pass --------------------------------------------------- */
 
-sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, int32_t token, uint32_t pos,
-                     float *logits) {
+sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const int32_t *tokens,
+                     uint32_t n_tok, uint32_t pos0, float *logits) {
     const struct sp_hparams *hp = &m->mf->hp;
-    const uint32_t E = hp->n_embd, hdk = hp->head_dim_k, hdv = hp->head_dim_v;
+    const uint32_t E = hp->n_embd, hdk = hp->head_dim_k, hdv = hp->head_dim_v, F = hp->n_ff;
+    const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk, VD = hp->n_kv_heads * hdv;
+    const uint32_t OD = hp->n_heads * hdv;
     const uint32_t n_rep = hp->n_heads / hp->n_kv_heads;
     const float scale = 1.0f / sqrtf((float)hdk);
     sp_status rc = SP_OK;
-    SP_ASSERT(pos < f->n_ctx && token >= 0 && (uint32_t)token < hp->n_vocab);
+    SP_ASSERT(n_tok >= 1 && n_tok <= f->n_batch && pos0 + n_tok <= f->n_ctx);
 
     const float *freq_factors = NULL;
     if (m->rope_freqs) {
@@ -170,41 +187,50 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         if ((rc = (x)) != SP_OK) goto out;                                                                         \
     } while (0)
 
-    TRY(embed(m, token, f->x));
+    for (uint32_t t = 0; t < n_tok; t++) {
+        SP_ASSERT(tokens[t] >= 0 && (uint32_t)tokens[t] < hp->n_vocab);
+        TRY(embed(m, tokens[t], f->x + (size_t)t * E));
+    }
     for (uint32_t il = 0; il < hp->n_layers; il++) {
         const struct sp_layer_weights *L = &m->layers[il];
         /* attention */
-        TRY(norm(m, L->attn_norm, f->x, f->xb, E));
-        TRY(matmul(m, f, L->wq, f->xb, f->q));
-        TRY(matmul(m, f, L->wk, f->xb, f->k));
-        TRY(matmul(m, f, L->wv, f->xb, f->v));
-        TRY(add_bias(m, L->bq, f->q));
-        TRY(add_bias(m, L->bk, f->k));
-        TRY(add_bias(m, L->bv, f->v));
-        TRY(head_norm(m, L->q_norm, f->q, hp->n_heads, hdk));
-        TRY(head_norm(m, L->k_norm, f->k, hp->n_kv_heads, hdk));
-        sp_rope(f->q, hp->n_heads, hdk, hp->rope_dims, pos, hp->rope_theta, hp->rope_freq_scale, hp->rope_neox,
-                freq_factors);
-        sp_rope(f->k, hp->n_kv_heads, hdk, hp->rope_dims, pos, hp->rope_theta, hp->rope_freq_scale, hp->rope_neox,
-                freq_factors);
-        sp_kv_store(kv, il, pos, f->k, f->v);
-        for (uint32_t h = 0; h < hp->n_heads; h++) {
-            sp_kv_attend(kv, il, h / n_rep, hdk, hdv, pos + 1, f->q + (size_t)h * hdk, scale,
-                         f->att + (size_t)h * f->n_ctx, f->attn + (size_t)h * hdv);
+        TRY(norm(m, L->attn_norm, f->x, f->xb, E, n_tok));
+        TRY(matmul(m, f, L->wq, f->xb, E, n_tok, f->q, QD));
+        TRY(matmul(m, f, L->wk, f->xb, E, n_tok, f->k, KD));
+        TRY(matmul(m, f, L->wv, f->xb, E, n_tok, f->v, VD));
+        TRY(add_bias(m, L->bq, f->q, n_tok));
+        TRY(add_bias(m, L->bk, f->k, n_tok));
+        TRY(add_bias(m, L->bv, f->v, n_tok));
+        TRY(head_norm(m, L->q_norm, f->q, hp->n_heads * n_tok, hdk));
+        TRY(head_norm(m, L->k_norm, f->k, hp->n_kv_heads * n_tok, hdk));
+        for (uint32_t t = 0; t < n_tok; t++) {
+            sp_rope(f->q + (size_t)t * QD, hp->n_heads, hdk, hp->rope_dims, pos0 + t, hp->rope_theta,
+                    hp->rope_freq_scale, hp->rope_neox, freq_factors);
+            sp_rope(f->k + (size_t)t * KD, hp->n_kv_heads, hdk, hp->rope_dims, pos0 + t, hp->rope_theta,
+                    hp->rope_freq_scale, hp->rope_neox, freq_factors);
+            sp_kv_store(kv, il, pos0 + t, f->k + (size_t)t * KD, f->v + (size_t)t * VD);
         }
-        TRY(matmul(m, f, L->wo, f->attn, f->xb2));
-        for (uint32_t i = 0; i < E; i++) f->x[i] += f->xb2[i];
+        /* Token t sees positions [0, pos0 + t]: causal within the batch. */
+        for (uint32_t t = 0; t < n_tok; t++) {
+            for (uint32_t h = 0; h < hp->n_heads; h++) {
+                sp_kv_attend(kv, il, h / n_rep, hdk, hdv, pos0 + t + 1, f->q + (size_t)t * QD + (size_t)h * hdk,
+                             scale, f->att + (size_t)h * f->n_ctx, f->attn + (size_t)t * OD + (size_t)h * hdv);
+            }
+        }
+        TRY(matmul(m, f, L->wo, f->attn, OD, n_tok, f->xb2, E));
+        add_rows(f->x, f->xb2, (size_t)n_tok * E);
         /* feed-forward (SwiGLU) */
-        TRY(norm(m, L->ffn_norm, f->x, f->xb, E));
-        TRY(matmul(m, f, L->ffn_gate, f->xb, f->hb));
-        TRY(matmul(m, f, L->ffn_up, f->xb, f->hb2));
-        sp_silu_mul(f->hb, f->hb2, hp->n_ff);
-        TRY(matmul(m, f, L->ffn_down, f->hb, f->xb2));
-        for (uint32_t i = 0; i < E; i++) f->x[i] += f->xb2[i];
+        TRY(norm(m, L->ffn_norm, f->x, f->xb, E, n_tok));
+        TRY(matmul(m, f, L->ffn_gate, f->xb, E, n_tok, f->hb, F));
+        TRY(matmul(m, f, L->ffn_up, f->xb, E, n_tok, f->hb2, F));
+        sp_silu_mul(f->hb, f->hb2, (int64_t)n_tok * F);
+        TRY(matmul(m, f, L->ffn_down, f->hb, F, n_tok, f->xb2, E));
+        add_rows(f->x, f->xb2, (size_t)n_tok * E);
     }
     if (logits) {
-        TRY(norm(m, m->output_norm, f->x, f->xb, E));
-        TRY(matmul(m, f, m->output, f->xb, logits));
+        const float *last = f->x + (size_t)(n_tok - 1) * E;
+        TRY(norm(m, m->output_norm, last, f->xb, E, 1));
+        TRY(matmul(m, f, m->output, f->xb, E, 1, logits, hp->n_vocab));
     }
 #undef TRY
 out:

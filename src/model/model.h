@@ -52,32 +52,36 @@ sp_status sp_model_bind(struct sp_model *m);
 
 /* ---- forward pass ------------------------------------------------------- */
 
-/* Per-session scratch for the forward pass, sized from the hparams. */
+/* Per-session scratch for the forward pass, sized from the hparams for up
+ * to n_batch tokens at once.  Row-major: token t's row of x is x + t*n_embd. */
 struct sp_fwd {
-    float *x;      /* (n_embd) residual stream */
-    float *xb;     /* (n_embd) normed input of a block */
-    float *xb2;    /* (n_embd) block output */
-    float *q;      /* (n_heads*hd_k) */
-    float *k;      /* (n_kv_heads*hd_k) */
-    float *v;      /* (n_kv_heads*hd_v) */
-    float *attn;   /* (n_heads*hd_v) attention output */
-    float *att;    /* (n_heads, n_ctx) attention weights */
-    float *hb;     /* (n_ff) */
-    float *hb2;    /* (n_ff) */
+    float *x;      /* (n_batch, n_embd) residual stream */
+    float *xb;     /* (n_batch, n_embd) normed input of a block */
+    float *xb2;    /* (n_batch, n_embd) block output */
+    float *q;      /* (n_batch, n_heads*hd_k) */
+    float *k;      /* (n_batch, n_kv_heads*hd_k) */
+    float *v;      /* (n_batch, n_kv_heads*hd_v) */
+    float *attn;   /* (n_batch, n_heads*hd_v) attention output */
+    float *att;    /* (n_heads, n_ctx) attention weights of one token */
+    float *hb;     /* (n_batch, n_ff) */
+    float *hb2;    /* (n_batch, n_ff) */
     void *xq;      /* activations converted to a weight's vec_dot_type */
     size_t xq_bytes;
     struct sp_pool *pool;
     uint32_t n_ctx;
+    uint32_t n_batch;
 };
 
-sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, int n_threads, struct sp_fwd **out);
+sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch, int n_threads,
+                      struct sp_fwd **out);
 void sp_fwd_free(struct sp_fwd *f);
-uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_ctx);
+uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch);
 
-/* Run token `token` at position pos through the model, storing its K/V in kv,
- * and (if logits != NULL) write n_vocab logits.  Never allocates.
- * SP_E_IO if the pager cannot provide a weight. */
-sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, int32_t token, uint32_t pos,
-                     float *logits);
+/* Run n_tok (1..n_batch) tokens at positions pos0.. through the model as one
+ * batch, storing their K/V in kv, and (if logits != NULL) write the n_vocab
+ * logits of the last token.  Never allocates.  SP_E_IO if the pager cannot
+ * provide a weight. */
+sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const int32_t *tokens,
+                     uint32_t n_tok, uint32_t pos0, float *logits);
 
 #endif /* SP_MODEL_H */

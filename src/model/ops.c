@@ -39,46 +39,66 @@ void sp_silu_mul(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-size_t sp_act_bytes(int64_t n) {
+size_t sp_act_bytes(int64_t n, int64_t n_tok) {
     /* F32 is the widest conversion (4 bytes/element); round up to a Q8_K block. */
-    return (size_t)((n + 255) / 256 * 256) * 4 + 64;
+    return (size_t)((n + 255) / 256 * 256) * 4 * (size_t)n_tok + 64;
 }
 
-const void *sp_act_convert(uint32_t wtype, const float *x, int64_t n, void *buf) {
+const void *sp_act_convert(uint32_t wtype, const float *x, int64_t n, int64_t x_ld, int64_t n_tok, void *buf,
+                           size_t *stride) {
     const struct sp_qtraits *tw = sp_qtraits_get(wtype);
     SP_ASSERT(tw);
-    if (tw->vec_dot_type == SP_QTYPE_F32) return x;
+    if (tw->vec_dot_type == SP_QTYPE_F32) {
+        *stride = (size_t)x_ld * sizeof(float);
+        return x;
+    }
     const struct sp_qtraits *ta = sp_qtraits_get(tw->vec_dot_type);
     SP_ASSERT(ta && ta->from_float);
-    ta->from_float(x, buf, n);
+    const size_t rb = sp_qtype_row_bytes(tw->vec_dot_type, n);
+    for (int64_t t = 0; t < n_tok; t++) ta->from_float(x + t * x_ld, (uint8_t *)buf + (size_t)t * rb, n);
+    *stride = rb;
     return buf;
 }
 
-struct matvec_job {
-    sp_vec_dot_fn dot;
+struct matmul_job {
+    const struct sp_qtraits *tw;
+    uint32_t wtype;
     const uint8_t *w;
     size_t row_bytes;
     int64_t n_cols, n_rows;
     const void *xc;
+    size_t x_stride;
+    int64_t n_tok;
     float *y;
+    int64_t ldy;
 };
 
-static void matvec_task(void *arg, int ith, int nth) {
-    const struct matvec_job *j = arg;
-    const int64_t per = (j->n_rows + nth - 1) / nth;
-    const int64_t r0 = per * ith, r1 = SP_MIN(j->n_rows, r0 + per);
-    for (int64_t r = r0; r < r1; r++) j->dot(j->n_cols, &j->y[r], j->w + (size_t)r * j->row_bytes, j->xc);
+static void matmul_task(void *arg, int ith, int nth) {
+    const struct matmul_job *j = arg;
+    /* Split rows in chunks of 16 so kernels that work on row groups see whole groups. */
+    const int64_t n_chunks = (j->n_rows + 15) / 16;
+    const int64_t per = (n_chunks + nth - 1) / nth;
+    const int64_t r0 = SP_MIN(j->n_rows, per * ith * 16), r1 = SP_MIN(j->n_rows, per * (ith + 1) * 16);
+    if (r1 <= r0) return;
+    const uint8_t *w = j->w + (size_t)r0 * j->row_bytes;
+    if (j->tw->gemm) {
+        j->tw->gemm(j->n_cols, w, j->row_bytes, r1 - r0, j->xc, j->x_stride, j->n_tok, j->y + r0, j->ldy);
+    } else {
+        sp_gemm_generic(j->wtype, j->n_cols, w, j->row_bytes, r1 - r0, j->xc, j->x_stride, j->n_tok, j->y + r0,
+                        j->ldy);
+    }
 }
 
-void sp_matvec(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_cols, int64_t n_rows, const void *xc,
-               float *y) {
+void sp_matmul(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_cols, int64_t n_rows, const void *xc,
+               size_t x_stride, int64_t n_tok, float *y, int64_t ldy) {
     const struct sp_qtraits *tw = sp_qtraits_get(wtype);
     SP_ASSERT(tw && tw->vec_dot);
-    struct matvec_job j = {tw->vec_dot, w, sp_qtype_row_bytes(wtype, n_cols), n_cols, n_rows, xc, y};
-    /* Small matrices are not worth waking threads for. */
-    if (!pool || sp_pool_n_threads(pool) == 1 || (uint64_t)n_rows * j.row_bytes < (1u << 16)) {
-        matvec_task(&j, 0, 1);
+    struct matmul_job j = {tw, wtype, w, sp_qtype_row_bytes(wtype, n_cols), n_cols, n_rows, xc, x_stride, n_tok,
+                           y, ldy};
+    /* Small products are not worth waking threads for. */
+    if (!pool || sp_pool_n_threads(pool) == 1 || (uint64_t)n_rows * j.row_bytes * (uint64_t)n_tok < (1u << 15)) {
+        matmul_task(&j, 0, 1);
     } else {
-        sp_pool_run(pool, matvec_task, &j);
+        sp_pool_run(pool, matmul_task, &j);
     }
 }

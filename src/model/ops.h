@@ -25,18 +25,21 @@ void sp_rope(float *x, int n_heads, int head_dim, int rope_dims, uint32_t pos, f
 /* g[i] = silu(g[i]) * u[i] */
 void sp_silu_mul(float *g, const float *u, int64_t n);
 
-/* Bytes of scratch that sp_act_convert needs for rows of up to n elements. */
-size_t sp_act_bytes(int64_t n);
+/* Bytes of scratch that sp_act_convert needs for n_tok rows of up to n elements. */
+size_t sp_act_bytes(int64_t n, int64_t n_tok);
 
-/* Convert the activation row x (n floats) to the vec_dot_type of weight type
- * wtype into buf (sp_act_bytes(n) bytes) and return the row to pass to
- * sp_matvec: x itself for F32 weights. */
-const void *sp_act_convert(uint32_t wtype, const float *x, int64_t n, void *buf);
+/* Convert n_tok activation rows (n floats each, x_ld floats apart) to the
+ * vec_dot_type of weight type wtype into buf (sp_act_bytes bytes).  Returns
+ * the rows to pass to sp_matmul and their stride in bytes via *stride: x
+ * itself for F32 weights. */
+const void *sp_act_convert(uint32_t wtype, const float *x, int64_t n, int64_t x_ld, int64_t n_tok, void *buf,
+                           size_t *stride);
 
-/* y[r] = dot(row r of w, x) for r in [0, n_rows): w has n_rows rows of n_cols
- * elements of type wtype; xc is the converted activation.  Rows are split
- * across the pool's threads (pool may be NULL). */
-void sp_matvec(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_cols, int64_t n_rows, const void *xc,
-               float *y);
+/* y[t * ldy + r] = dot(row r of w, activation row t) for r in [0, n_rows),
+ * t in [0, n_tok): w has n_rows rows of n_cols elements of type wtype; xc
+ * holds the converted activations (sp_act_convert).  Rows are split across
+ * the pool's threads (pool may be NULL). */
+void sp_matmul(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_cols, int64_t n_rows, const void *xc,
+               size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
 
 #endif /* SP_OPS_H */

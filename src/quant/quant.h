@@ -45,6 +45,14 @@ typedef void (*sp_from_float_fn)(const float *restrict src, void *restrict dst, 
 /* *s = dot(w[0..n), x[0..n)) where w is one row of this type and x is the
  * activation row already converted to vec_dot_type.  n % block_elems == 0. */
 typedef void (*sp_vec_dot_fn)(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
+/* Batched product for prefill: for r in [0, n_rows) and t in [0, n_tok)
+ *   y[t * ldy + r] = dot(row r of w, row t of x)
+ * w: n_rows rows of n elements, w_stride bytes apart; x: n_tok activation rows
+ * already converted to vec_dot_type, x_stride bytes apart.  Must give the same
+ * result as vec_dot up to float summation order.  Callers split rows across
+ * threads, so a kernel sees any row range (pass w and y offset). */
+typedef void (*sp_gemm_fn)(int64_t n, const void *restrict w, size_t w_stride, int64_t n_rows, const void *restrict x,
+                           size_t x_stride, int64_t n_tok, float *restrict y, int64_t ldy);
 
 struct sp_qtraits {
     const char *name;             /* "Q4_K"; NULL for ids that are not types */
@@ -53,6 +61,7 @@ struct sp_qtraits {
     sp_to_float_fn to_float;      /* NULL only for none */
     sp_from_float_fn from_float;  /* NULL where no quantizer exists yet */
     sp_vec_dot_fn vec_dot;        /* NULL for activation-only types (Q8_1, Q8_K) */
+    sp_gemm_fn gemm;              /* NULL: callers loop over vec_dot (sp_gemm_generic) */
     enum sp_qtype vec_dot_type;   /* what activations are converted to */
 };
 
@@ -65,6 +74,10 @@ const struct sp_qtraits *sp_qtraits_get(uint32_t t);
 
 /* The reference (plain C) traits, never replaced by SIMD: the oracle for tests. */
 const struct sp_qtraits *sp_qtraits_ref(uint32_t t);
+
+/* The portable batched product: loops over vec_dot of type t. */
+void sp_gemm_generic(uint32_t t, int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *x,
+                     size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
 
 /* "F32", "Q4_K", ... or NULL for unknown ids. */
 const char *sp_qtype_name(uint32_t t);

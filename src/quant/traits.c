@@ -101,3 +101,16 @@ size_t sp_qtype_row_bytes(uint32_t t, int64_t n) {
     if (!tr || n < 0 || n % tr->block_elems != 0) return 0;
     return (size_t)(n / tr->block_elems) * tr->block_bytes;
 }
+
+void sp_gemm_generic(uint32_t t, int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *x,
+                     size_t x_stride, int64_t n_tok, float *y, int64_t ldy) {
+    const sp_vec_dot_fn dot = sp_qtraits_get(t)->vec_dot;
+    /* Row-outer order: each weight row is read once and stays in cache while
+     * it meets every token. */
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * w_stride;
+        for (int64_t i = 0; i < n_tok; i++) {
+            dot(n, &y[i * ldy + r], wr, (const uint8_t *)x + (size_t)i * x_stride);
+        }
+    }
+}
