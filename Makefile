@@ -40,6 +40,9 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 # only called after CPU detection says it may be.
 $(BUILD)/src/quant/x86/avx2.o:   CFLAGS += -mavx2 -mfma -mf16c
 $(BUILD)/src/quant/x86/avx512.o: CFLAGS += -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16 -mfma -mf16c
+$(BUILD)/src/quant/x86/amx.o: CFLAGS += -mamx-tile -mamx-int8 -mamx-bf16 -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mfma -mf16c
+$(BUILD)/src/quant/x86/amx_emu.o: CFLAGS += -mavx2 -mfma -mf16c
+$(BUILD)/src/quant/arm/dotprod.o: CFLAGS += -march=armv8.2-a+dotprod
 
 .PHONY: all test asan format clean bench fuzz deps
 all: $(LIB) $(CLI) $(TEST_BIN)

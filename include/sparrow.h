@@ -240,6 +240,55 @@ int32_t sp_session_n_ctx(const struct sp_session *s);
 /* Bytes allocated by the session (KV cache + scratch + logits). */
 uint64_t sp_session_memory_bytes(const struct sp_session *s);
 
+/* ---------------------------------------------------------------------------
+ * Synthetic models (src/model/synth.c): GGUF files with seeded random weights
+ * in the exact shapes of real models, for speed and memory measurements.
+ * Their vocabulary is SentencePiece-style and their text is gibberish; the
+ * files load in llama.cpp as well.
+ * ------------------------------------------------------------------------- */
+
+/* Progress of a long call: done of total units (bytes for sp_synth).  Called
+ * on the calling thread.  Return true to go on, false to cancel. */
+typedef bool (*sp_progress_fn)(uint64_t done, uint64_t total, void *user);
+
+struct sp_synth_params {
+    const char *shape;        /* a shape name, e.g. "llama-7b" (sp_synth_get_shape) */
+    const char *type;         /* a file type: "f16", "bf16", "q8_0", "q4_0", "q4_k_m"
+                                 (sp_synth_type_name); norms and the MoE router stay F32 */
+    const char *path;         /* output file, created or replaced only when complete */
+    uint64_t seed;            /* the same shape, type and seed give the same bytes */
+    int32_t n_threads;        /* 0 = one; the output does not depend on it */
+    sp_progress_fn progress;  /* NULL = no reports */
+    void *progress_user;
+};
+struct sp_synth_params sp_synth_default_params(void);
+
+/* Write the synthetic model.  Output goes to "<path>.tmp.<pid>" and is renamed
+ * over path when complete; on any failure (or a cancel) the temporary file is
+ * removed and an existing file at path is left as it was.
+ * Returns SP_OK, SP_E_INVALID (unknown shape or type, no path), SP_E_IO
+ * (message names the file), SP_E_NOMEM, SP_E_STATE (cancelled by progress). */
+sp_status sp_synth(const struct sp_synth_params *params);
+
+/* The shapes sp_synth knows, for listing.  Strings are static. */
+struct sp_synth_shape_info {
+    const char *name;         /* "llama-7b" */
+    const char *arch;         /* general.architecture: "llama", "qwen3moe" */
+    const char *about;        /* one line: which real model it copies */
+    int32_t n_vocab, n_ctx, n_embd, n_layers, n_heads, n_kv_heads, head_dim, n_ff;
+    int32_t n_experts, n_experts_used, n_ff_exp; /* 0 for dense shapes */
+    float rope_theta;
+};
+int32_t sp_synth_n_shapes(void);
+sp_status sp_synth_get_shape(int32_t i, struct sp_synth_shape_info *out); /* SP_E_INVALID out of range */
+int32_t sp_synth_n_types(void);
+const char *sp_synth_type_name(int32_t i); /* NULL out of range */
+
+/* Parameters and tensor-data bytes a shape/type gives (the file adds a few
+ * MB of metadata and padding).  Either out-pointer may be NULL.  SP_E_INVALID
+ * for unknown names. */
+sp_status sp_synth_size(const char *shape, const char *type, uint64_t *n_params, uint64_t *tensor_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,11 +1,24 @@
 /*
  * cpu.c -- CPU feature detection.  x86 uses GCC's __builtin_cpu_supports
- * (which also checks that the OS saves the wide registers); ARM reads the
- * compile-time feature macros for now.
+ * (which also checks that the OS saves the wide registers); AArch64 has
+ * Advanced SIMD always and asks the OS about the dot product extension
+ * (getauxval on Linux, sysctl on macOS).  SPARROW_ISA caps are applied by
+ * quant/traits.c, not here: this file reports the hardware.
  */
 #include "cpu.h"
 
 #include <stdatomic.h>
+
+#if defined(__aarch64__)
+#if defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)
+#endif
+#elif defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+#endif
 
 static struct sp_cpu_features feats;
 static atomic_int done;
@@ -23,9 +36,15 @@ const struct sp_cpu_features *sp_cpu_features(void) {
     feats.avx512bf16 = __builtin_cpu_supports("avx512bf16");
     feats.f16c = feats.avx2; /* every AVX2 CPU we target has F16C */
 #elif defined(__aarch64__)
-    feats.neon = true;
-#if defined(__ARM_FEATURE_DOTPROD)
-    feats.dotprod = true;
+    feats.neon = true; /* Advanced SIMD is part of the base A64 instruction set */
+#if defined(__linux__)
+    feats.dotprod = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__APPLE__)
+    int dp = 0;
+    size_t dp_len = sizeof dp;
+    feats.dotprod = sysctlbyname("hw.optional.arm.FEAT_DotProd", &dp, &dp_len, NULL, 0) == 0 && dp != 0;
+#elif defined(__ARM_FEATURE_DOTPROD)
+    feats.dotprod = true; /* no OS query known here: trust the compiler's target */
 #endif
 #endif
     atomic_store(&done, 1);

@@ -8,7 +8,8 @@
  *   padding to general.alignment (default 32) | tensor data (offsets relative to here)
  * Array values are u32 elem_type | u64 n | n values (arrays may nest).
  *
- * Only format/ includes this header.
+ * Only format/ and the synthetic-model generator (model/synth.c, which uses
+ * the writer) include this header.
  */
 #ifndef SP_GGUF_H
 #define SP_GGUF_H

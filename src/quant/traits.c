@@ -6,10 +6,13 @@
  */
 #include "quant.h"
 
+#include "isa.h"
 #include "ref.h"
 #include "types.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* The block sizes below are the struct sizes in types.h. */
 static_assert(sizeof(struct sp_block_q4_0) == 18 && sizeof(struct sp_block_q4_1) == 20, "block size");
@@ -77,6 +80,28 @@ void sp_quant_init(void) {
      * from_float here, chosen from sp_cpu_features().  A replaced from_float
      * must produce the same bytes as the reference one (activations are
      * compared bit for bit against llama.cpp). */
+#if defined(__x86_64__)
+    {
+        /* SPARROW_ISA=ref|avx2|avx512 caps the level (tests, benchmarks);
+         * unset or unknown: the best the CPU has.  Later hooks win. */
+        const char *isa = getenv("SPARROW_ISA");
+        const int cap = !isa ? 9 : !strcmp(isa, "ref") ? 0 : !strcmp(isa, "avx2") ? 1 : !strcmp(isa, "avx512") ? 2 : 9;
+        const struct sp_cpu_features *f = sp_cpu_features();
+        if (cap >= 1) sp_quant_register_avx2(table, f);
+        if (cap >= 2) sp_quant_register_avx512(table, f);
+    }
+#endif
+#if defined(__aarch64__)
+    {
+        /* SPARROW_ISA=ref|neon|dotprod caps the level as above: neon keeps
+         * the plain Advanced SIMD kernels even where SDOT exists. */
+        const char *isa = getenv("SPARROW_ISA");
+        struct sp_cpu_features f = *sp_cpu_features();
+        if (isa && !strcmp(isa, "ref")) f.neon = f.dotprod = false;
+        if (isa && !strcmp(isa, "neon")) f.dotprod = false;
+        sp_quant_register_neon(table, &f);
+    }
+#endif
     atomic_store(&table_ready, 1);
 }
 

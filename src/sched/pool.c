@@ -1,29 +1,63 @@
 /*
- * pool.c -- pthread pool with a generation counter.
+ * pool.c -- pthread pool with low-latency hand-off for decode.
+ *
+ * A decoded token runs a few hundred small jobs (one per weight matrix), so
+ * waking sleeping threads through a condition variable for each would cost
+ * more than some jobs.  Workers therefore spin on the job generation for a
+ * short while (SPIN_ITERS pauses, tens of microseconds) before sleeping.
  *
  * Invariants:
- *  1. Workers 1..n-1 sleep on `wake` until `gen` changes, run the current
- *     job with their index, then decrement `pending`; the caller runs index 0
- *     and waits on `done` until pending == 0.
- *  2. Only one job is in flight; the job fields are written before gen is
- *     bumped under the mutex and read after it is observed under the mutex.
- *  3. stop is set only in sp_pool_free, after which workers exit.
- * States: IDLE --sp_pool_run--> RUNNING --last worker done--> IDLE;
+ *  1. The caller writes fn/arg and pending = n-1, then bumps gen (seq_cst);
+ *     a worker that observes the new gen reads fn/arg after it (acquire).
+ *  2. A worker runs each generation exactly once, then decrements pending
+ *     (release); the caller returns only when pending == 0 (acquire), so
+ *     the job's writes are visible to it.
+ *  3. Lost wake-ups are impossible: a worker increments `sleeping` and then
+ *     re-checks gen under the mutex before waiting; the caller bumps gen and
+ *     then reads `sleeping` (both seq_cst), and broadcasts under the mutex
+ *     if anyone may be asleep (Dekker-style ordering).
+ *  4. stop is set only in sp_pool_free, after which workers exit.
+ * States: IDLE --sp_pool_run--> RUNNING --pending reaches 0--> IDLE;
  *         IDLE --sp_pool_free--> STOPPED.
  */
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* Spin this many pauses before yielding the CPU on each further check: with
+ * more threads than free cores a spinning thread would otherwise hold the
+ * core that the thread it waits for needs. */
+enum { SPIN_ITERS = 20000, SPIN_BEFORE_YIELD = 2000 };
+
+static inline void backoff(int i) {
+    if (i < SPIN_BEFORE_YIELD) {
+        cpu_relax();
+    } else {
+        sched_yield();
+    }
+}
 
 struct sp_pool {
     int n;
     pthread_t *threads; /* (n - 1) workers */
     int n_started;
     pthread_mutex_t mu;
-    pthread_cond_t wake, done;
-    uint64_t gen;
-    int pending;
-    int stop;
+    pthread_cond_t wake;
+    atomic_uint_fast64_t gen;
+    atomic_int pending;
+    atomic_int sleeping;
+    atomic_int stop;
     sp_pool_task_fn fn;
     void *arg;
 };
@@ -33,29 +67,34 @@ struct worker_arg {
     int ith;
 };
 
+/* Wait until gen differs from seen (or stop); returns the new gen. */
+static uint64_t wait_job(struct sp_pool *p, uint64_t seen) {
+    for (int i = 0; i < SPIN_ITERS; i++) {
+        uint64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        if (g != seen || atomic_load_explicit(&p->stop, memory_order_relaxed)) return g;
+        backoff(i);
+    }
+    pthread_mutex_lock(&p->mu);
+    atomic_fetch_add(&p->sleeping, 1);
+    uint64_t g;
+    while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->mu);
+    atomic_fetch_sub(&p->sleeping, 1);
+    pthread_mutex_unlock(&p->mu);
+    return g;
+}
+
 static void *worker(void *a) {
     struct sp_pool *p = ((struct worker_arg *)a)->p;
     const int ith = ((struct worker_arg *)a)->ith;
     uint64_t seen = 0;
     for (;;) {
-        pthread_mutex_lock(&p->mu);
-        while (p->gen == seen && !p->stop) pthread_cond_wait(&p->wake, &p->mu);
-        if (p->stop) {
-            pthread_mutex_unlock(&p->mu);
-            return NULL;
-        }
-        seen = p->gen;
-        sp_pool_task_fn fn = p->fn;
-        void *arg = p->arg;
-        pthread_mutex_unlock(&p->mu);
-        fn(arg, ith, p->n);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
-        pthread_mutex_unlock(&p->mu);
+        seen = wait_job(p, seen);
+        if (atomic_load(&p->stop)) return NULL;
+        p->fn(p->arg, ith, p->n);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
     }
 }
 
-/* Worker args live in one block after the pool struct's thread array. */
 sp_status sp_pool_init(int n_threads, struct sp_pool **out) {
     *out = NULL;
     if (n_threads < 1 || n_threads > 1024) return sp_err(SP_E_INVALID, "%s: bad thread count %d", __func__, n_threads);
@@ -64,8 +103,8 @@ sp_status sp_pool_init(int n_threads, struct sp_pool **out) {
     p->n = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
-    pthread_cond_init(&p->done, NULL);
     if (n_threads > 1) {
+        /* Worker args live in the same block, after the thread array. */
         p->threads = sp_calloc((size_t)n_threads - 1, sizeof(pthread_t) + sizeof(struct worker_arg));
         if (!p->threads) {
             sp_pool_free(p);
@@ -88,13 +127,12 @@ sp_status sp_pool_init(int n_threads, struct sp_pool **out) {
 void sp_pool_free(struct sp_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->n_started; i++) pthread_join(p->threads[i], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
-    pthread_cond_destroy(&p->done);
     sp_free(p->threads);
     sp_free(p);
 }
@@ -108,15 +146,15 @@ void sp_pool_run(struct sp_pool *p, sp_pool_task_fn fn, void *arg) {
         fn(arg, 0, 1);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->arg = arg;
-    p->pending = p->n - 1;
-    p->gen++;
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes fn/arg/pending */
+    if (atomic_load(&p->sleeping) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
     fn(arg, 0, p->n);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) backoff(i);
 }

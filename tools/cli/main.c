@@ -1,5 +1,6 @@
 /*
- * main.c -- the `sparrow` command: run (generate text), tokenize, inspect.
+ * main.c -- the `sparrow` command: run (generate text), tokenize, inspect,
+ * bench (speed and memory), synth (random-weight models in real shapes).
  * A thin client of the public API in include/sparrow.h: it parses argv,
  * prints, and chooses exit codes; everything else is the library's.  It
  * includes only "sparrow.h" and the C/POSIX library, like lua.c or SQLite's
@@ -9,10 +10,13 @@
 #include "sparrow.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +37,7 @@ enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
 #define DEF_REPEAT_LAST_N 64
 #define MAX_REPEAT_LAST_N 1048576
 #define MAX_THREADS 1024
+#define MAX_BATCH 65536
 
 /* ---- help ------------------------------------------------------------------ */
 
@@ -46,6 +51,9 @@ static void help_main(FILE *f) {
             "  run        generate text from a prompt\n"
             "  tokenize   print the token ids of a text\n"
             "  inspect    describe a model file: hyper-parameters, tokenizer, metadata, tensors\n"
+            "  bench      measure load time, time to first token, prefill and decode speed,\n"
+            "             peak memory and bytes read (a table, or JSON)\n"
+            "  synth      write a model file with random weights in a real model's shape\n"
             "  help [COMMAND]  this text, or a command's options\n"
             "\n"
             "options:\n"
@@ -104,6 +112,8 @@ static void help_run(FILE *f) {
             "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
             "  -c, --ctx-size N        context length in tokens, 0 = the model's, capped at\n"
             "                          4096 (default: 0)\n"
+            "  -b, --batch N           tokens per forward pass when feeding the prompt,\n"
+            "                          1..%d; 0 = the library's default (128)\n"
             "      --kv-type TYPE      KV cache element type: f32 or f16 (default: %s)\n"
             "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
             "                          beside the model)\n"
@@ -117,7 +127,7 @@ static void help_run(FILE *f) {
             "exit status: 0 success (also when the context fills up), 1 runtime or library\n"
             "error (e.g. a missing file, a prompt longer than the context), 2 usage error.\n",
             DEF_N_PREDICT, DEF_TEMP, DEF_TOP_K, DEF_TOP_P, DEF_MIN_P, DEF_REPEAT_PENALTY, MAX_REPEAT_LAST_N,
-            DEF_REPEAT_LAST_N, MAX_THREADS, default_threads(), kv_type_name(sp.kv_type));
+            DEF_REPEAT_LAST_N, MAX_THREADS, default_threads(), MAX_BATCH, kv_type_name(sp.kv_type));
 }
 
 static void help_tokenize(FILE *f) {
@@ -442,6 +452,8 @@ static int cmd_run(int argc, char **argv) {
             sp.n_threads = (int32_t)parse_int(&a, opt_value(&a), 1, MAX_THREADS);
         } else if (opt_is(&a, "-c", "--ctx-size")) {
             sp.n_ctx = (int32_t)parse_int(&a, opt_value(&a), 0, INT32_MAX);
+        } else if (opt_is(&a, "-b", "--batch")) {
+            sp.n_batch = (int32_t)parse_int(&a, opt_value(&a), 0, MAX_BATCH);
         } else if (opt_is(&a, NULL, "--kv-type")) {
             const char *v = opt_value(&a);
             if (strcmp(v, "f32") == 0) sp.kv_type = SP_KV_F32;
@@ -858,6 +870,572 @@ static int cmd_inspect(int argc, char **argv) {
     return EXIT_OK;
 }
 
+/* ---- synth ------------------------------------------------------------------------ */
+
+static void help_synth(FILE *f) {
+    fprintf(f, "usage: sparrow synth --shape NAME --type TYPE -o FILE [OPTIONS]\n"
+               "       sparrow synth --list\n"
+               "\n"
+               "Write a GGUF model with seeded random weights in the exact shapes of a real\n"
+               "model (tensor names, shapes, per-tensor types, hyper-parameters, and a\n"
+               "SentencePiece-style vocabulary of the right size), for speed and memory\n"
+               "measurements without downloading weights.  The text it generates is\n"
+               "gibberish.  llama.cpp loads these files too.  FILE appears only when it is\n"
+               "complete; a failure or Ctrl-C leaves nothing behind.  Progress goes to stderr.\n"
+               "\n"
+               "options:\n"
+               "      --shape NAME        model shape (see --list), e.g. llama-7b; required\n"
+               "      --type TYPE         f16, bf16, q8_0, q4_0 or q4_k_m (Q4_K, with Q6_K for\n"
+               "                          the output and, as llama.cpp's Q4_K_M, attn_v and\n"
+               "                          ffn_down in half the layers); required\n"
+               "  -o, --output FILE       the file to write; required\n"
+               "      --seed S            seed, 0..2^64-1; the same shape, type and seed give\n"
+               "                          the same bytes (default: 0)\n"
+               "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here);\n"
+               "                          the output does not depend on it\n"
+               "      --list              list the shapes and types with their sizes, then exit\n"
+               "  -q, --quiet             no progress on stderr\n"
+               "  -v, --verbose           print the library's log messages on stderr\n"
+               "  -h, --help              print this help and exit\n"
+               "\n"
+               "exit status: 0 success, 1 runtime or library error (e.g. a full disk),\n"
+               "             2 usage error (including an unknown shape or type).\n",
+            MAX_THREADS, default_threads());
+}
+
+static int synth_list(void) {
+    char b[64];
+    const int32_t nt = sp_synth_n_types();
+    printf("%-14s %-9s %6s %6s %7s %6s %7s %8s %7s %-9s", "shape", "arch", "layers", "embd", "heads", "ffn",
+           "vocab", "ctx", "experts", "params");
+    for (int32_t k = 0; k < nt; k++) printf(" %10s", sp_synth_type_name(k));
+    putchar('\n');
+    for (int32_t i = 0; i < sp_synth_n_shapes(); i++) {
+        struct sp_synth_shape_info si;
+        uint64_t n_params = 0;
+        if (sp_synth_get_shape(i, &si) != SP_OK) continue;
+        char heads[32], experts[32], ffn[32];
+        snprintf(heads, sizeof heads, "%d/%d", (int)si.n_heads, (int)si.n_kv_heads);
+        if (si.n_experts) {
+            snprintf(experts, sizeof experts, "%d/%d", (int)si.n_experts_used, (int)si.n_experts);
+            snprintf(ffn, sizeof ffn, "%d", (int)si.n_ff_exp);
+        } else {
+            snprintf(experts, sizeof experts, "-");
+            snprintf(ffn, sizeof ffn, "%d", (int)si.n_ff);
+        }
+        (void)sp_synth_size(si.name, sp_synth_type_name(0), &n_params, NULL);
+        printf("%-14s %-9s %6d %6d %7s %6s %7d %8d %7s %-9s", si.name, si.arch, (int)si.n_layers, (int)si.n_embd,
+               heads, ffn, (int)si.n_vocab, (int)si.n_ctx, experts, human_count(n_params, b, sizeof b));
+        for (int32_t k = 0; k < nt; k++) {
+            uint64_t bytes = 0;
+            (void)sp_synth_size(si.name, sp_synth_type_name(k), NULL, &bytes);
+            printf(" %10s", human_bytes(bytes, b, sizeof b));
+        }
+        printf("\n%-14s %s\n", "", si.about);
+    }
+    printf("\nsizes are tensor data; a file adds its metadata (a few MiB for large vocabularies).\n"
+           "experts: active/total; ffn: the expert FFN width for MoE shapes.\n");
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "sparrow: synth: cannot write to stdout: %s\n", strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    return EXIT_OK;
+}
+
+static volatile sig_atomic_t synth_interrupted;
+static void synth_on_signal(int sig) {
+    (void)sig;
+    synth_interrupted = 1;
+}
+
+/* Progress bar state: on a terminal the line is redrawn with '\r' a few
+ * times a second; otherwise a line is printed every 10%. */
+struct synth_progress {
+    double t0, last;
+    int tty, last_decile, quiet, drawn;
+};
+
+static bool synth_progress_cb(uint64_t done, uint64_t total, void *user) {
+    struct synth_progress *pr = user;
+    if (synth_interrupted) return false;
+    if (pr->quiet) return true;
+    const double t = now_s(), el = t - pr->t0;
+    const double frac = total ? (double)done / (double)total : 1.0;
+    const int decile = (int)(frac * 10.0);
+    if (pr->tty) {
+        if (done != total && t - pr->last < 0.2) return true;
+    } else if (decile == pr->last_decile && done != total) {
+        return true;
+    }
+    pr->last = t;
+    pr->last_decile = decile;
+    const double mb = (double)done / 1e6, rate = el > 0 ? mb / el : 0.0;
+    const double eta = rate > 0 ? ((double)(total - done) / 1e6) / rate : 0.0;
+    char bar[31];
+    const int fill = (int)(frac * 30.0);
+    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+    bar[30] = '\0';
+    fprintf(stderr, "%s[%s] %5.1f%%  %9.1f / %.1f MB  %6.1f MB/s  ETA %4.0f s%s", pr->tty ? "\r" : "", bar,
+            frac * 100.0, mb, (double)total / 1e6, rate, eta, pr->tty ? "  " : "\n");
+    pr->drawn = 1;
+    return true;
+}
+
+static int cmd_synth(int argc, char **argv) {
+    struct argp a = {.cmd = "synth", .argc = argc, .argv = argv};
+    struct sp_synth_params p = sp_synth_default_params();
+    bool list = false, quiet = false;
+    p.n_threads = default_threads();
+
+    for (a.i = 1; a.i < argc; a.i++) {
+        const char *arg = argv[a.i];
+        if (opt_is(&a, "-h", "--help")) {
+            help_synth(stdout);
+            return EXIT_OK;
+        } else if (opt_is(&a, NULL, "--shape")) {
+            p.shape = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--type")) {
+            p.type = opt_value(&a);
+        } else if (opt_is(&a, "-o", "--output")) {
+            p.path = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--seed")) {
+            p.seed = parse_u64(&a, opt_value(&a));
+        } else if (opt_is(&a, "-t", "--threads")) {
+            p.n_threads = (int32_t)parse_int(&a, opt_value(&a), 1, MAX_THREADS);
+        } else if (opt_is(&a, NULL, "--list")) {
+            opt_no_value(&a);
+            list = true;
+        } else if (opt_is(&a, "-q", "--quiet")) {
+            opt_no_value(&a);
+            quiet = true;
+        } else if (opt_is(&a, "-v", "--verbose")) {
+            opt_no_value(&a);
+            log_verbose = 1;
+        } else if (is_option(arg)) {
+            unknown_option(&a);
+        } else {
+            usage_error(a.cmd, "unexpected argument '%s' (the output file goes after -o)", arg);
+        }
+    }
+    if (list) return synth_list();
+    if (!p.shape) usage_error(a.cmd, "--shape NAME is required (see 'sparrow synth --list')");
+    if (!p.type) usage_error(a.cmd, "--type TYPE is required (f16, bf16, q8_0, q4_0, q4_k_m)");
+    if (!p.path || !*p.path) usage_error(a.cmd, "-o FILE is required");
+    uint64_t n_params = 0, bytes = 0;
+    if (sp_synth_size(p.shape, p.type, &n_params, &bytes) != SP_OK) {
+        bool shape_ok = false;
+        for (int32_t i = 0; i < sp_synth_n_shapes(); i++) {
+            struct sp_synth_shape_info si;
+            if (sp_synth_get_shape(i, &si) == SP_OK && strcmp(si.name, p.shape) == 0) shape_ok = true;
+        }
+        if (!shape_ok) usage_error(a.cmd, "--shape: unknown shape '%s' (see 'sparrow synth --list')", p.shape);
+        usage_error(a.cmd, "--type: unknown type '%s' (f16, bf16, q8_0, q4_0, q4_k_m)", p.type);
+    }
+
+    sp_log_set(cli_log, &log_verbose);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = synth_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    struct synth_progress pr = {.t0 = now_s(), .tty = isatty(STDERR_FILENO), .last_decile = -1, .quiet = quiet};
+    char b1[64], b2[64];
+    if (!quiet) {
+        fprintf(stderr, "sparrow: synth %s %s seed %" PRIu64 ": %s parameters, %s of tensor data -> %s\n", p.shape,
+                p.type, p.seed, human_count(n_params, b1, sizeof b1), human_bytes(bytes, b2, sizeof b2), p.path);
+    }
+    p.progress = synth_progress_cb;
+    p.progress_user = &pr;
+    sp_status rc = sp_synth(&p);
+    if (pr.drawn && pr.tty) fputc('\n', stderr);
+    if (rc != SP_OK) {
+        if (synth_interrupted) {
+            fprintf(stderr, "sparrow: synth: interrupted; '%s' was not written\n", p.path);
+            return EXIT_RUNTIME;
+        }
+        return lib_error("writing the model", rc);
+    }
+    const double el = now_s() - pr.t0;
+    if (!quiet) {
+        fprintf(stderr, "sparrow: wrote %s (%s) in %.1f s, %.1f MB/s\n", p.path, human_bytes(bytes, b1, sizeof b1),
+                el, el > 0 ? (double)bytes / 1e6 / el : 0.0);
+    }
+    return EXIT_OK;
+}
+
+/* ---- bench ------------------------------------------------------------------------ */
+
+#define DEF_BENCH_PROMPT 128
+#define DEF_BENCH_GEN 32
+#define DEF_BENCH_REPS 3
+
+static void help_bench(FILE *f) {
+    fprintf(f,
+            "usage: sparrow bench -m MODEL [OPTIONS]\n"
+            "\n"
+            "Measure the model as llama-bench does, in Sparrow's own terms.  Each\n"
+            "repetition loads the model afresh, decodes a prompt of P token ids (BOS then\n"
+            "fixed pseudo-random ids, not text) as one batch, samples greedily, then decodes\n"
+            "N more tokens one at a time.  Per repetition it reports:\n"
+            "  load_s               sp_model_load + sp_session_init\n"
+            "  ttft_s               prompt decode + the first sample (time to first token)\n"
+            "  prefill_tps          P / prompt decode time\n"
+            "  decode_tps, decode_ms_per_token   over the N one-token decodes\n"
+            "  peak_rss_bytes       VmHWM (/proc/self/status), reset before each repetition\n"
+            "  bytes_read, rchar    storage bytes read (read_bytes of /proc/self/io) and\n"
+            "                       bytes through read calls (rchar), over the repetition\n"
+            "  bytes_read_per_token storage bytes read during the N decodes / N\n"
+            "  model_bytes_per_token  bytes a decoded token touches (from the tensor sizes)\n"
+            "A page-cache-warm file reads ~0 bytes from storage; --cold drops the file's\n"
+            "pages from the cache before each repetition.  The summary is the median.\n"
+            "\n"
+            "options:\n"
+            "  -m, --model FILE        model file; required\n"
+            "  -p, --n-prompt P        prompt tokens, 1..%d (default: %d)\n"
+            "  -n, --n-gen N           generated tokens, 0..%d (default: %d)\n"
+            "  -r, --reps R            repetitions, 1..1000 (default: %d)\n"
+            "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
+            "  -c, --ctx-size N        context length, 0 = P + N (default: 0)\n"
+            "  -b, --batch N           tokens per forward pass, 1..%d; 0 = the library's\n"
+            "                          default (128)\n"
+            "      --kv-type TYPE      KV cache element type: f32 or f16 (default: f32)\n"
+            "      --cold              evict the model file from the page cache before each\n"
+            "                          repetition (posix_fadvise DONTNEED)\n"
+            "      --json              print one JSON object on stdout instead of the table:\n"
+            "                          the medians at top level, and a \"runs\" array\n"
+            "  -v, --verbose           print the library's log messages on stderr\n"
+            "  -h, --help              print this help and exit\n"
+            "\n"
+            "exit status: 0 success, 1 runtime or library error, 2 usage error.\n",
+            MAX_BATCH, DEF_BENCH_PROMPT, MAX_BATCH, DEF_BENCH_GEN, DEF_BENCH_REPS, MAX_THREADS, default_threads(),
+            MAX_BATCH);
+}
+
+struct bench_run {
+    double load_s, ttft_s, prefill_tps, decode_tps, decode_ms_per_token;
+    double peak_rss_bytes, bytes_read, rchar, bytes_read_per_token;
+};
+
+/* The fields a repetition reports, in output order (a table keeps the JSON
+ * and the medians in step). */
+static const struct {
+    const char *key;
+    size_t off;
+    int integer;
+} bench_fields[] = {
+    {"load_s", offsetof(struct bench_run, load_s), 0},
+    {"ttft_s", offsetof(struct bench_run, ttft_s), 0},
+    {"prefill_tps", offsetof(struct bench_run, prefill_tps), 0},
+    {"decode_tps", offsetof(struct bench_run, decode_tps), 0},
+    {"decode_ms_per_token", offsetof(struct bench_run, decode_ms_per_token), 0},
+    {"peak_rss_bytes", offsetof(struct bench_run, peak_rss_bytes), 1},
+    {"bytes_read", offsetof(struct bench_run, bytes_read), 1},
+    {"rchar", offsetof(struct bench_run, rchar), 1},
+    {"bytes_read_per_token", offsetof(struct bench_run, bytes_read_per_token), 1},
+};
+
+static double *bench_field(struct bench_run *r, size_t i) {
+    return (double *)((char *)r + bench_fields[i].off);
+}
+
+/* read_bytes and rchar of this process, or -1 when /proc/self/io is absent. */
+static void proc_io(double *read_bytes, double *rchar) {
+    FILE *f = fopen("/proc/self/io", "r");
+    char line[128];
+    *read_bytes = *rchar = -1;
+    if (!f) return;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long v;
+        if (sscanf(line, "rchar: %llu", &v) == 1) *rchar = (double)v;
+        else if (sscanf(line, "read_bytes: %llu", &v) == 1) *read_bytes = (double)v;
+    }
+    fclose(f);
+}
+
+/* VmHWM in bytes, or -1. */
+static double proc_hwm(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[128];
+    double v = -1;
+    if (!f) return v;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) v = (double)kb * 1024.0;
+    }
+    fclose(f);
+    return v;
+}
+
+/* Reset VmHWM to the current RSS (Linux >= 4.0); 0 on success. */
+static int reset_hwm(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return -1;
+    int bad = fputs("5", f) < 0;
+    bad |= fclose(f) != 0;
+    return bad ? -1 : 0;
+}
+
+static int evict_file(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    return rc == 0 ? 0 : -1;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static double median_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void json_string(const char *s) {
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') printf("\\%c", *p);
+        else if (*p < 0x20) printf("\\u%04x", *p);
+        else putchar(*p);
+    }
+    putchar('"');
+}
+
+/* A number JSON can hold: integers as integers, others with 6 significant
+ * digits; non-finite values (a run too short to time) as null. */
+static void json_number(double v, int integer) {
+    if (!isfinite(v)) printf("null");
+    else if (integer) printf("%.0f", v);
+    else printf("%.6g", v);
+}
+
+static void json_fields(struct bench_run *r) {
+    for (size_t i = 0; i < sizeof bench_fields / sizeof bench_fields[0]; i++) {
+        printf("%s\"%s\": ", i ? ", " : "", bench_fields[i].key);
+        json_number(*bench_field(r, i), bench_fields[i].integer);
+    }
+}
+
+/* One repetition: load, prompt, n_gen decodes; fills r.  Returns an exit
+ * code (EXIT_OK or EXIT_RUNTIME, message printed). */
+static int bench_once(const char *path, struct sp_session_params sp, int n_prompt, int n_gen, struct bench_run *r,
+                      struct sp_model_info *info) {
+    struct sp_model *model = NULL;
+    struct sp_session *sess = NULL;
+    int32_t *toks = NULL;
+    int ret = EXIT_RUNTIME;
+    sp_status rc;
+    double io0, io1, io2, rc0, rc1, rc2;
+
+    memset(r, 0, sizeof *r);
+    reset_hwm();
+    proc_io(&io0, &rc0);
+    const double t0 = now_s();
+    rc = load_model(path, NULL, false, &model);
+    if (rc != SP_OK) {
+        ret = lib_error("loading the model", rc);
+        goto done;
+    }
+    rc = sp_session_init(model, &sp, &sess);
+    if (rc != SP_OK) {
+        ret = lib_error("creating the session", rc);
+        goto done;
+    }
+    r->load_s = now_s() - t0;
+    if ((rc = sp_model_get_info(model, info)) != SP_OK) {
+        ret = lib_error("reading the model info", rc);
+        goto done;
+    }
+
+    /* BOS, then ids from a fixed LCG over the whole vocabulary: the same
+     * prompt in every repetition and every run. */
+    toks = malloc((size_t)n_prompt * sizeof *toks);
+    if (!toks) {
+        fprintf(stderr, "sparrow: bench: out of memory\n");
+        goto done;
+    }
+    uint32_t x = 12345u;
+    for (int i = 0; i < n_prompt; i++) {
+        x = x * 1664525u + 1013904223u;
+        toks[i] = (int32_t)((x >> 8) % (uint32_t)info->n_vocab);
+    }
+    if (info->bos >= 0) toks[0] = info->bos;
+
+    int32_t tok;
+    const double tp0 = now_s();
+    if ((rc = sp_decode(sess, toks, n_prompt)) != SP_OK) {
+        ret = lib_error("decoding the prompt", rc);
+        goto done;
+    }
+    const double tp1 = now_s();
+    if ((rc = sp_sample(sess, &tok)) != SP_OK) {
+        ret = lib_error("sampling", rc);
+        goto done;
+    }
+    const double tp2 = now_s();
+    r->ttft_s = tp2 - tp0;
+    r->prefill_tps = n_prompt / (tp1 - tp0);
+    proc_io(&io1, &rc1);
+
+    double t_dec = 0;
+    for (int i = 0; i < n_gen; i++) {
+        const double td = now_s();
+        if ((rc = sp_decode(sess, &tok, 1)) != SP_OK) {
+            ret = lib_error("decoding", rc);
+            goto done;
+        }
+        if ((rc = sp_sample(sess, &tok)) != SP_OK) {
+            ret = lib_error("sampling", rc);
+            goto done;
+        }
+        t_dec += now_s() - td;
+    }
+    r->decode_tps = n_gen > 0 ? n_gen / t_dec : NAN;
+    r->decode_ms_per_token = n_gen > 0 ? t_dec * 1000.0 / n_gen : NAN;
+    proc_io(&io2, &rc2);
+    r->peak_rss_bytes = proc_hwm();
+    r->bytes_read = io0 >= 0 && io2 >= 0 ? io2 - io0 : NAN;
+    r->rchar = rc0 >= 0 && rc2 >= 0 ? rc2 - rc0 : NAN;
+    r->bytes_read_per_token = n_gen > 0 && io1 >= 0 && io2 >= 0 ? (io2 - io1) / n_gen : NAN;
+    ret = EXIT_OK;
+done:
+    free(toks);
+    sp_session_free(sess);
+    sp_model_free(model);
+    return ret;
+}
+
+static int cmd_bench(int argc, char **argv) {
+    struct argp a = {.cmd = "bench", .argc = argc, .argv = argv};
+    const char *model_path = NULL;
+    long long n_prompt = DEF_BENCH_PROMPT, n_gen = DEF_BENCH_GEN, reps = DEF_BENCH_REPS;
+    bool json = false, cold = false;
+    struct sp_session_params sp = sp_session_default_params();
+    sp.n_threads = default_threads();
+    sp.sampling.temp = 0.0f; /* greedy */
+    sp.sampling.repeat_penalty = 1.0f;
+
+    for (a.i = 1; a.i < argc; a.i++) {
+        const char *arg = argv[a.i];
+        if (opt_is(&a, "-h", "--help")) {
+            help_bench(stdout);
+            return EXIT_OK;
+        } else if (opt_is(&a, "-m", "--model")) {
+            model_path = opt_value(&a);
+        } else if (opt_is(&a, "-p", "--n-prompt")) {
+            n_prompt = parse_int(&a, opt_value(&a), 1, MAX_BATCH);
+        } else if (opt_is(&a, "-n", "--n-gen")) {
+            n_gen = parse_int(&a, opt_value(&a), 0, MAX_BATCH);
+        } else if (opt_is(&a, "-r", "--reps")) {
+            reps = parse_int(&a, opt_value(&a), 1, 1000);
+        } else if (opt_is(&a, "-t", "--threads")) {
+            sp.n_threads = (int32_t)parse_int(&a, opt_value(&a), 1, MAX_THREADS);
+        } else if (opt_is(&a, "-c", "--ctx-size")) {
+            sp.n_ctx = (int32_t)parse_int(&a, opt_value(&a), 0, INT32_MAX);
+        } else if (opt_is(&a, "-b", "--batch")) {
+            sp.n_batch = (int32_t)parse_int(&a, opt_value(&a), 0, MAX_BATCH);
+        } else if (opt_is(&a, NULL, "--kv-type")) {
+            const char *v = opt_value(&a);
+            if (strcmp(v, "f32") == 0) sp.kv_type = SP_KV_F32;
+            else if (strcmp(v, "f16") == 0) sp.kv_type = SP_KV_F16;
+            else usage_error(a.cmd, "%s: expected f32 or f16, got '%s'", a.name, v);
+        } else if (opt_is(&a, NULL, "--cold")) {
+            opt_no_value(&a);
+            cold = true;
+        } else if (opt_is(&a, NULL, "--json")) {
+            opt_no_value(&a);
+            json = true;
+        } else if (opt_is(&a, "-v", "--verbose")) {
+            opt_no_value(&a);
+            log_verbose = 1;
+        } else if (is_option(arg)) {
+            unknown_option(&a);
+        } else {
+            usage_error(a.cmd, "unexpected argument '%s' (the model goes after -m)", arg);
+        }
+    }
+    if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow bench --help')");
+    if (sp.n_ctx == 0) sp.n_ctx = (int32_t)(n_prompt + n_gen);
+    if (n_prompt + n_gen > sp.n_ctx) {
+        usage_error(a.cmd, "-c %d is smaller than P + N = %lld tokens", (int)sp.n_ctx, n_prompt + n_gen);
+    }
+
+    sp_log_set(cli_log, &log_verbose);
+    struct bench_run *runs = calloc((size_t)reps, sizeof *runs);
+    double *col = calloc((size_t)reps, sizeof *col);
+    struct sp_model_info info;
+    int ret = EXIT_RUNTIME;
+    if (!runs || !col) {
+        fprintf(stderr, "sparrow: bench: out of memory\n");
+        goto done;
+    }
+    if (!json) {
+        printf("model %s: threads %d, prompt %lld, gen %lld, ctx %d, batch %d%s\n", model_path, (int)sp.n_threads,
+               n_prompt, n_gen, (int)sp.n_ctx, (int)sp.n_batch, cold ? ", cold page cache" : "");
+        printf("%4s %8s %8s %11s %10s %9s %12s %12s %12s\n", "rep", "load s", "ttft s", "prefill t/s", "decode t/s",
+               "ms/token", "peak RSS MiB", "read MiB", "read/token");
+        fflush(stdout);
+    }
+    for (long long i = 0; i < reps; i++) {
+        if (cold && evict_file(model_path) != 0 && i == 0) {
+            fprintf(stderr, "sparrow: bench: warning: cannot evict '%s' from the page cache\n", model_path);
+        }
+        if ((ret = bench_once(model_path, sp, (int)n_prompt, (int)n_gen, &runs[i], &info)) != EXIT_OK) goto done;
+        if (!json) {
+            const struct bench_run *r = &runs[i];
+            printf("%4lld %8.3f %8.3f %11.2f %10.2f %9.1f %12.1f %12.1f %12.0f\n", i + 1, r->load_s, r->ttft_s,
+                   r->prefill_tps, r->decode_tps, r->decode_ms_per_token, r->peak_rss_bytes / 1048576.0,
+                   r->bytes_read / 1048576.0, r->bytes_read_per_token);
+            fflush(stdout);
+        }
+    }
+    struct bench_run med;
+    for (size_t k = 0; k < sizeof bench_fields / sizeof bench_fields[0]; k++) {
+        for (long long i = 0; i < reps; i++) col[i] = *bench_field(&runs[i], k);
+        *bench_field(&med, k) = median_of(col, (int)reps);
+    }
+    if (json) {
+        printf("{\"model\": ");
+        json_string(model_path);
+        printf(", \"engine\": \"sparrow\", \"version\": \"%s\", \"threads\": %d, \"n_prompt\": %lld, \"n_gen\": %lld, "
+               "\"n_ctx\": %d, \"n_batch\": %d, \"reps\": %lld, \"cold\": %s, \"kv_type\": \"%s\", ",
+               SPARROW_VERSION, (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, (int)sp.n_batch, reps,
+               cold ? "true" : "false", kv_type_name(sp.kv_type));
+        printf("\"model_file_size\": %" PRIu64 ", \"model_tensor_bytes\": %" PRIu64
+               ", \"model_bytes_per_token\": %" PRIu64 ", \"model_params\": %" PRIu64 ", ",
+               info.file_size, info.tensor_bytes, info.bytes_per_token, info.n_params);
+        json_fields(&med);
+        printf(", \"runs\": [");
+        for (long long i = 0; i < reps; i++) {
+            printf("%s{", i ? ", " : "");
+            json_fields(&runs[i]);
+            putchar('}');
+        }
+        printf("]}\n");
+    } else {
+        const struct bench_run *r = &med;
+        printf("%4s %8.3f %8.3f %11.2f %10.2f %9.1f %12.1f %12.1f %12.0f\n", "med", r->load_s, r->ttft_s,
+               r->prefill_tps, r->decode_tps, r->decode_ms_per_token, r->peak_rss_bytes / 1048576.0,
+               r->bytes_read / 1048576.0, r->bytes_read_per_token);
+        printf("model: %.2f GiB of tensors, %.1f MiB touched per decoded token\n",
+               (double)info.tensor_bytes / 1073741824.0, (double)info.bytes_per_token / 1048576.0);
+    }
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "sparrow: bench: cannot write to stdout: %s\n", strerror(errno));
+        ret = EXIT_RUNTIME;
+        goto done;
+    }
+    ret = EXIT_OK;
+done:
+    free(runs);
+    free(col);
+    return ret;
+}
+
 /* ---- main ------------------------------------------------------------------------- */
 
 static const struct {
@@ -868,6 +1446,8 @@ static const struct {
     {"run", cmd_run, help_run},
     {"tokenize", cmd_tokenize, help_tokenize},
     {"inspect", cmd_inspect, help_inspect},
+    {"synth", cmd_synth, help_synth},
+    {"bench", cmd_bench, help_bench},
 };
 
 int main(int argc, char **argv) {

@@ -1,0 +1,254 @@
+/*
+ * neon.c -- AArch64 Advanced SIMD kernels (baseline ARMv8-A, every arm64 CPU):
+ * dot products of F32/F16/BF16 rows, the integer vec_dot and gemm kernels of
+ * kernels.h with a SMULL/SADALP int8 dot, and the activation quantizers
+ * (F16, BF16, Q8_0, Q8_1, Q8_K from_float), which give ref.c's bytes exactly.
+ * sp_quant_register_neon() installs them and, where the CPU has the dot
+ * product extension, lets dotprod.c replace the integer kernels.
+ * The spec of every kernel is its ref.c counterpart (tests/test_kernels.c).
+ */
+#include "quant/isa.h"
+
+#include "quant/ref.h"
+#include "quant/types.h"
+
+#include <arm_neon.h>
+#include <float.h>
+#include <string.h>
+
+/* acc + the products of the 16 int8 lanes of a and b, in some lane order. */
+static inline __attribute__((always_inline)) int32x4_t arm_dot16(int32x4_t acc, int8x16_t a, int8x16_t b) {
+    acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+    return vpadalq_s16(acc, vmull_high_s8(a, b));
+}
+
+#include "kernels.h"
+
+/* ==========================================================================
+ * Float rows: products in float, fused into 16 float accumulators (ref.c
+ * accumulates in double, so results differ by rounding only).
+ * ========================================================================== */
+
+static inline float hsum4x4(float32x4_t a, float32x4_t b, float32x4_t c, float32x4_t d) {
+    return vaddvq_f32(vaddq_f32(vaddq_f32(a, b), vaddq_f32(c, d)));
+}
+
+static void vec_dot_f32(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) {
+    const float *a = w, *b = x;
+    float32x4_t acc0 = vdupq_n_f32(0), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = vfmaq_f32(acc0, vld1q_f32(a + i), vld1q_f32(b + i));
+        acc1 = vfmaq_f32(acc1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+        acc2 = vfmaq_f32(acc2, vld1q_f32(a + i + 8), vld1q_f32(b + i + 8));
+        acc3 = vfmaq_f32(acc3, vld1q_f32(a + i + 12), vld1q_f32(b + i + 12));
+    }
+    for (; i + 4 <= n; i += 4) acc0 = vfmaq_f32(acc0, vld1q_f32(a + i), vld1q_f32(b + i));
+    float sum = hsum4x4(acc0, acc1, acc2, acc3);
+    for (; i < n; i++) sum += a[i] * b[i];
+    *s = sum;
+}
+
+/* F16: widen to float (exact), then as F32. */
+static void vec_dot_f16(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) {
+    const uint16_t *a = w, *b = x;
+    float32x4_t acc0 = vdupq_n_f32(0), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const float16x8_t a0 = vreinterpretq_f16_u16(vld1q_u16(a + i)), b0 = vreinterpretq_f16_u16(vld1q_u16(b + i));
+        const float16x8_t a1 = vreinterpretq_f16_u16(vld1q_u16(a + i + 8));
+        const float16x8_t b1 = vreinterpretq_f16_u16(vld1q_u16(b + i + 8));
+        acc0 = vfmaq_f32(acc0, vcvt_f32_f16(vget_low_f16(a0)), vcvt_f32_f16(vget_low_f16(b0)));
+        acc1 = vfmaq_f32(acc1, vcvt_high_f32_f16(a0), vcvt_high_f32_f16(b0));
+        acc2 = vfmaq_f32(acc2, vcvt_f32_f16(vget_low_f16(a1)), vcvt_f32_f16(vget_low_f16(b1)));
+        acc3 = vfmaq_f32(acc3, vcvt_high_f32_f16(a1), vcvt_high_f32_f16(b1));
+    }
+    for (; i + 4 <= n; i += 4) {
+        acc0 = vfmaq_f32(acc0, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(a + i))),
+                         vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(b + i))));
+    }
+    float sum = hsum4x4(acc0, acc1, acc2, acc3);
+    for (; i < n; i++) sum += arm_h2f(a + i) * arm_h2f(b + i);
+    *s = sum;
+}
+
+/* bf16 -> float is a 16-bit left shift. */
+static inline float32x4_t bf16_lo(uint16x8_t v) {
+    return vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16));
+}
+
+static inline float32x4_t bf16_hi(uint16x8_t v) {
+    return vreinterpretq_f32_u32(vshll_high_n_u16(v, 16));
+}
+
+static void vec_dot_bf16(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) {
+    const uint16_t *a = w, *b = x;
+    float32x4_t acc0 = vdupq_n_f32(0), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const uint16x8_t a0 = vld1q_u16(a + i), b0 = vld1q_u16(b + i);
+        const uint16x8_t a1 = vld1q_u16(a + i + 8), b1 = vld1q_u16(b + i + 8);
+        acc0 = vfmaq_f32(acc0, bf16_lo(a0), bf16_lo(b0));
+        acc1 = vfmaq_f32(acc1, bf16_hi(a0), bf16_hi(b0));
+        acc2 = vfmaq_f32(acc2, bf16_lo(a1), bf16_lo(b1));
+        acc3 = vfmaq_f32(acc3, bf16_hi(a1), bf16_hi(b1));
+    }
+    float sum = hsum4x4(acc0, acc1, acc2, acc3);
+    for (; i < n; i++) sum += sp_bf16_to_fp32(a[i]) * sp_bf16_to_fp32(b[i]);
+    *s = sum;
+}
+
+/* ==========================================================================
+ * Activation quantizers: the same bytes as ref.c.
+ * A block whose values are not all finite, or whose scale would overflow,
+ * is handed to the ref.c quantizer, so the vector path only sees products
+ * within +-127.5 where FCVTNS (round half to even) equals ref.c's rintf.
+ * ========================================================================== */
+
+/* float -> fp16 bits, round to nearest even (FCVT; equals sp_fp32_to_fp16). */
+static inline uint16_t f2h(float f) {
+    const __fp16 h = (__fp16)f;
+    uint16_t r;
+    memcpy(&r, &h, sizeof r);
+    return r;
+}
+
+/* max |x[0..n)|, n % 16 == 0; NaN if any element is NaN (FMAX propagates it). */
+static inline float amax_n(const float *x, int n) {
+    float32x4_t m0 = vdupq_n_f32(0), m1 = m0, m2 = m0, m3 = m0;
+    for (int j = 0; j < n; j += 16) {
+        m0 = vmaxq_f32(m0, vabsq_f32(vld1q_f32(x + j)));
+        m1 = vmaxq_f32(m1, vabsq_f32(vld1q_f32(x + j + 4)));
+        m2 = vmaxq_f32(m2, vabsq_f32(vld1q_f32(x + j + 8)));
+        m3 = vmaxq_f32(m3, vabsq_f32(vld1q_f32(x + j + 12)));
+    }
+    return vmaxvq_f32(vmaxq_f32(vmaxq_f32(m0, m1), vmaxq_f32(m2, m3)));
+}
+
+/* round_half_even(x[0..16) * id) saturated to int8 into q; returns the sum
+ * of the int32 values. */
+static inline int32x4_t quant16(const float *x, float id, int8_t *q) {
+    const int32x4_t i0 = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x), id));
+    const int32x4_t i1 = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + 4), id));
+    const int32x4_t i2 = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + 8), id));
+    const int32x4_t i3 = vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x + 12), id));
+    const int16x8_t h0 = vcombine_s16(vqmovn_s32(i0), vqmovn_s32(i1));
+    const int16x8_t h1 = vcombine_s16(vqmovn_s32(i2), vqmovn_s32(i3));
+    vst1q_s8(q, vcombine_s8(vqmovn_s16(h0), vqmovn_s16(h1)));
+    return vaddq_s32(vaddq_s32(i0, i1), vaddq_s32(i2, i3));
+}
+
+static void q8_0_from_float(const float *restrict src, void *restrict dst, int64_t n) {
+    struct sp_block_q8_0 *y = dst;
+    for (int64_t i = 0; i < n / SP_QK8_0; i++, src += SP_QK8_0) {
+        const float amax = amax_n(src, SP_QK8_0);
+        const float d = amax / 127.f;
+        const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        if (!(amax <= FLT_MAX && id <= FLT_MAX)) {
+            sp_q8_0_from_float_ref(src, &y[i], SP_QK8_0);
+            continue;
+        }
+        y[i].d = f2h(d);
+        quant16(src, id, y[i].qs);
+        quant16(src + 16, id, y[i].qs + 16);
+    }
+}
+
+static void q8_1_from_float(const float *restrict src, void *restrict dst, int64_t n) {
+    struct sp_block_q8_1 *y = dst;
+    for (int64_t i = 0; i < n / SP_QK8_1; i++, src += SP_QK8_1) {
+        const float amax = amax_n(src, SP_QK8_1);
+        const float d = amax / 127.f;
+        const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        if (!(amax <= FLT_MAX && id <= FLT_MAX)) {
+            sp_q8_1_from_float_ref(src, &y[i], SP_QK8_1);
+            continue;
+        }
+        y[i].d = f2h(d);
+        const int32x4_t s0 = quant16(src, id, y[i].qs);
+        const int32x4_t s1 = quant16(src + 16, id, y[i].qs + 16);
+        y[i].s = f2h(d * (float)vaddvq_s32(vaddq_s32(s0, s1)));
+    }
+}
+
+/* Q8_K: the scale comes from the first element of largest magnitude, sign
+ * included (ref.c's signed_absmax); bsums are the sums of 16 quants. */
+static void q8_k_from_float(const float *restrict src, void *restrict dst, int64_t n) {
+    struct sp_block_q8_k *y = dst;
+    for (int64_t i = 0; i < n / SP_QK_K; i++, src += SP_QK_K) {
+        const float amax = amax_n(src, SP_QK_K);
+        if (!(amax <= FLT_MAX)) {
+            sp_q8_k_from_float_ref(src, &y[i], SP_QK_K);
+            continue;
+        }
+        if (amax == 0) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        const float32x4_t av = vdupq_n_f32(amax);
+        int j = 0;
+        while (!vmaxvq_u32(vceqq_f32(vabsq_f32(vld1q_f32(src + j)), av))) j += 4;
+        while (!(src[j] == amax || src[j] == -amax)) j++;
+        const float iscale = -127.f / src[j];
+        if (!(iscale >= -FLT_MAX && iscale <= FLT_MAX)) {
+            sp_q8_k_from_float_ref(src, &y[i], SP_QK_K);
+            continue;
+        }
+        for (int g = 0; g < SP_QK_K / 16; g++) {
+            quant16(src + 16 * g, iscale, y[i].qs + 16 * g);
+            y[i].bsums[g] = vaddlvq_s8(vld1q_s8(y[i].qs + 16 * g));
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+/* FCVTN rounds to nearest even and keeps NaN payloads as F16C does. */
+static void f16_from_float(const float *restrict src, void *restrict dst, int64_t n) {
+    uint16_t *h = dst;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float16x8_t v = vcombine_f16(vcvt_f16_f32(vld1q_f32(src + i)), vcvt_f16_f32(vld1q_f32(src + i + 4)));
+        vst1q_u16(h + i, vreinterpretq_u16_f16(v));
+    }
+    for (; i < n; i++) h[i] = sp_fp32_to_fp16(src[i]);
+}
+
+/* bf16 = (bits + 0x7fff + lsb) >> 16, NaN made quiet (ref.c's rule). */
+static inline uint16x4_t bf16_round4(float32x4_t f) {
+    const uint32x4_t u = vreinterpretq_u32_f32(f);
+    const uint32x4_t lsb = vandq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(1));
+    const uint32x4_t r = vshrq_n_u32(vaddq_u32(u, vaddq_u32(lsb, vdupq_n_u32(0x7fff))), 16);
+    const uint32x4_t q = vorrq_u32(vshrq_n_u32(u, 16), vdupq_n_u32(64));
+    const uint32x4_t nan = vcgtq_u32(vandq_u32(u, vdupq_n_u32(0x7fffffff)), vdupq_n_u32(0x7f800000));
+    return vmovn_u32(vbslq_u32(nan, q, r));
+}
+
+static void bf16_from_float(const float *restrict src, void *restrict dst, int64_t n) {
+    uint16_t *h = dst;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        vst1q_u16(h + i, vcombine_u16(bf16_round4(vld1q_f32(src + i)), bf16_round4(vld1q_f32(src + i + 4))));
+    }
+    for (; i < n; i++) h[i] = sp_fp32_to_bf16(src[i]);
+}
+
+/* ==========================================================================
+ * Registration
+ * ========================================================================== */
+
+/* Install the NEON kernels into table (a copy of the reference table) when
+ * f->neon, then the dot-product ones from dotprod.c when f->dotprod.  Call
+ * once from sp_quant_init(); tests may call it on their own tables. */
+void sp_quant_register_neon(struct sp_qtraits *table, const struct sp_cpu_features *f) {
+    if (!f->neon) return;
+    table[SP_QTYPE_F32].vec_dot = vec_dot_f32;
+    table[SP_QTYPE_F16].vec_dot = vec_dot_f16;
+    table[SP_QTYPE_BF16].vec_dot = vec_dot_bf16;
+    table[SP_QTYPE_F16].from_float = f16_from_float;
+    table[SP_QTYPE_BF16].from_float = bf16_from_float;
+    table[SP_QTYPE_Q8_0].from_float = q8_0_from_float;
+    table[SP_QTYPE_Q8_1].from_float = q8_1_from_float;
+    table[SP_QTYPE_Q8_K].from_float = q8_k_from_float;
+    arm_install_int(table);
+    if (f->dotprod) sp_quant_register_dotprod(table, f);
+}

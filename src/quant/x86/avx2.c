@@ -1,0 +1,15 @@
+/*
+ * avx2.c -- the AVX2 + FMA + F16C kernels: the shared x86 kernel bodies of
+ * kernels.inc compiled without VNNI (byte dot products through
+ * vpmaddubsw + vpmaddwd).  Built with -mavx2 -mfma -mf16c (Makefile); only
+ * called after sp_quant_init() saw those features.
+ */
+#define SPX_VNNI 0
+#include "kernels.inc"
+
+#include "quant/isa.h"
+
+void sp_quant_register_avx2(struct sp_qtraits *table, const struct sp_cpu_features *f) {
+    if (!f->avx2 || !f->fma || !f->f16c) return;
+    spx_install(table);
+}

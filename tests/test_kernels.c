@@ -1,0 +1,386 @@
+/*
+ * test_kernels.c -- the SIMD kernels (quant/x86/) against the reference
+ * kernels (quant/ref.c), for every ISA level the CPU has: each level's
+ * table is built by calling its registration hook on a copy of the
+ * reference table.  Checks: activation quantizers (from_float) byte for
+ * byte, vec_dot against the reference within named tolerances (K-quants
+ * exactly), gemm against the same level's vec_dot for many token and row
+ * counts, and the SPARROW_ISA override.  Levels the CPU lacks are reported
+ * as skipped.  Not a benchmark (bench/kernels.c is).
+ */
+#include "core/core.h"
+#include "core/cpu.h"
+#include "quant/isa.h"
+#include "quant/quant.h"
+#include "quant/types.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- named tolerances -------------------------------------------------------
+ * Errors are measured against M = sum |w_i * x_i| over the dequantized
+ * values, the natural scale of a dot product's rounding error.
+ * TOL_VEC_DOT: SIMD vec_dot vs reference.  The reference accumulates floats
+ *   in double (F32/F16/BF16) or in one float in block order; the SIMD ones
+ *   in 8-lane float partial sums.  Worst seen ~1e-7.
+ * TOL_GEMM: gemm vs the same level's vec_dot.  Q4_0's gemm also moves the
+ *   "-8" offset out of the integer block sums into a float correction term.
+ * K-quant vec_dots keep the reference float expression per super-block and
+ * are checked bit for bit (TOL 0). */
+#define TOL_VEC_DOT 1e-5
+#define TOL_GEMM 1e-5
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t s) {
+    rng_state = s * 0x9e3779b97f4a7c15ull + 1;
+}
+
+static uint64_t rng_u64(void) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+
+static double rng_unit(void) { /* (0, 1) */
+    return ((rng_u64() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static float rng_normal(void) {
+    return (float)(sqrt(-2 * log(rng_unit())) * cos(6.283185307179586 * rng_unit()));
+}
+
+/* ---- ISA levels ------------------------------------------------------------ */
+
+struct level {
+    const char *name;
+    bool have;
+    struct sp_qtraits tab[SP_QTYPE_COUNT];
+};
+
+static int n_levels;
+static struct level levels[3];
+
+static void ref_copy(struct sp_qtraits *tab) {
+    memset(tab, 0, sizeof(struct sp_qtraits) * SP_QTYPE_COUNT);
+    for (int t = 0; t < SP_QTYPE_COUNT; t++) {
+        const struct sp_qtraits *r = sp_qtraits_ref((uint32_t)t);
+        if (r) tab[t] = *r;
+    }
+}
+
+static void setup_levels(void) {
+#if defined(__x86_64__)
+    const struct sp_cpu_features *f = sp_cpu_features();
+    struct level *l = &levels[n_levels++];
+    l->name = "avx2";
+    l->have = f->avx2 && f->fma && f->f16c;
+    ref_copy(l->tab);
+    if (l->have) sp_quant_register_avx2(l->tab, f);
+    l = &levels[n_levels++];
+    l->name = "avx512";
+    l->have = f->avx512f && f->avx512bw && f->avx512vl && f->avx512vnni && f->fma && f->f16c;
+    ref_copy(l->tab);
+    if (l->have) {
+        sp_quant_register_avx2(l->tab, f);
+        sp_quant_register_avx512(l->tab, f);
+    }
+#elif defined(__aarch64__)
+    /* neon: plain Advanced SIMD even where SDOT exists; dotprod: with SDOT. */
+    const struct sp_cpu_features *f = sp_cpu_features();
+    struct sp_cpu_features plain = *f;
+    plain.dotprod = false;
+    struct level *l = &levels[n_levels++];
+    l->name = "neon";
+    l->have = f->neon;
+    ref_copy(l->tab);
+    if (l->have) sp_quant_register_neon(l->tab, &plain);
+    l = &levels[n_levels++];
+    l->name = "dotprod";
+    l->have = f->neon && f->dotprod;
+    ref_copy(l->tab);
+    if (l->have) sp_quant_register_neon(l->tab, f);
+#endif
+    for (int i = 0; i < n_levels; i++) {
+        printf("level %-7s %s\n", levels[i].name, levels[i].have ? "tested" : "skipped (CPU lacks it)");
+    }
+}
+
+/* ---- random rows -------------------------------------------------------------- */
+
+static const enum sp_qtype weight_types[] = {SP_QTYPE_F32,  SP_QTYPE_F16,  SP_QTYPE_BF16, SP_QTYPE_Q4_0, SP_QTYPE_Q4_1,
+                                             SP_QTYPE_Q5_0, SP_QTYPE_Q5_1, SP_QTYPE_Q8_0, SP_QTYPE_Q2_K, SP_QTYPE_Q3_K,
+                                             SP_QTYPE_Q4_K, SP_QTYPE_Q5_K, SP_QTYPE_Q6_K};
+
+static bool is_kquant(enum sp_qtype t) {
+    return t >= SP_QTYPE_Q2_K && t <= SP_QTYPE_Q6_K;
+}
+
+/* A random fp16 scale in [lo, 2 lo). */
+static uint16_t rand_scale(float lo) {
+    return sp_fp32_to_fp16(lo * (float)(1 + rng_unit()));
+}
+
+static void put16(uint8_t *p, uint16_t v) {
+    memcpy(p, &v, 2);
+}
+
+/* n elements of weight type t at dst: random bits with sane fp16 scales. */
+static void rand_weights(enum sp_qtype t, uint8_t *dst, int64_t n) {
+    const struct sp_qtraits *tr = sp_qtraits_ref(t);
+    if (t == SP_QTYPE_F32 || t == SP_QTYPE_F16 || t == SP_QTYPE_BF16) {
+        float *f = malloc((size_t)n * sizeof *f);
+        for (int64_t i = 0; i < n; i++) f[i] = rng_normal();
+        tr->from_float(f, dst, n);
+        free(f);
+        return;
+    }
+    const int64_t nb = n / tr->block_elems;
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t *b = dst + (size_t)i * tr->block_bytes;
+        for (size_t k = 0; k < tr->block_bytes; k++) b[k] = (uint8_t)rng_u64();
+        switch (t) {
+        case SP_QTYPE_Q4_0: case SP_QTYPE_Q5_0: put16(b, rand_scale(0.01f)); break;
+        case SP_QTYPE_Q4_1: case SP_QTYPE_Q5_1: put16(b, rand_scale(0.01f)); put16(b + 2, rand_scale(0.05f) | 0x8000); break;
+        case SP_QTYPE_Q8_0:
+            put16(b, rand_scale(0.001f));
+            for (int k = 2; k < 34; k++) if (b[k] == 0x80) b[k] = 0x81; /* -128 is never produced */
+            break;
+        case SP_QTYPE_Q2_K: put16(b + 80, rand_scale(0.01f)); put16(b + 82, rand_scale(0.01f)); break;
+        case SP_QTYPE_Q3_K: put16(b + 108, rand_scale(0.01f)); break;
+        case SP_QTYPE_Q4_K: case SP_QTYPE_Q5_K: put16(b, rand_scale(0.001f)); put16(b + 2, rand_scale(0.001f)); break;
+        case SP_QTYPE_Q6_K: put16(b + 208, rand_scale(0.001f)); break;
+        default: break;
+        }
+    }
+}
+
+/* sum |w_i x_i| over the dequantized rows (x in vec_dot_type of wt). */
+static double dot_magnitude(enum sp_qtype wt, const void *w, const void *x, int64_t n, float *fa, float *fb) {
+    const struct sp_qtraits *tw = sp_qtraits_ref(wt), *tx = sp_qtraits_ref(tw->vec_dot_type);
+    tw->to_float(w, fa, n);
+    tx->to_float(x, fb, n);
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m += fabs((double)fa[i] * fb[i]);
+    return m;
+}
+
+/* ---- from_float: byte for byte -------------------------------------------------- */
+
+/* Fills x[0..n) with one of several patterns (by kind) for activation type at. */
+static void rand_act(enum sp_qtype at, float *x, int64_t n, int kind) {
+    const int64_t blk = at == SP_QTYPE_Q8_K ? 256 : 32;
+    for (int64_t i = 0; i < n; i++) x[i] = rng_normal() * (float)exp(rng_normal() * 2);
+    switch (kind) {
+    case 0: break;                                  /* wide-range normals */
+    case 1:                                         /* x*id lands on .5 ties */
+        for (int64_t b = 0; b + blk <= n; b += blk) {
+            for (int64_t j = 0; j < blk; j++) x[b + j] = (float)((int)(rng_u64() % 254) - 127) + 0.5f;
+            for (int64_t j = 0; j < blk; j++) x[b + j] = SP_MAX(-126.5f, SP_MIN(126.5f, x[b + j]));
+            x[b + (int64_t)(rng_u64() % (uint64_t)blk)] = (rng_u64() & 1) ? 127.0f : -127.0f;
+        }
+        break;
+    case 2:                                         /* zero blocks, single values, +-max ties */
+        for (int64_t b = 0; b + blk <= n; b += blk) {
+            const int r = (int)(rng_u64() % 4);
+            if (r == 0) memset(x + b, 0, (size_t)blk * sizeof *x);
+            if (r == 1) {
+                memset(x + b, 0, (size_t)blk * sizeof *x);
+                x[b + (int64_t)(rng_u64() % (uint64_t)blk)] = rng_normal();
+            }
+            if (r == 2) {
+                const float v = fabsf(rng_normal()) + 0.1f;
+                x[b + (int64_t)(rng_u64() % (uint64_t)blk)] = v;
+                x[b + (int64_t)(rng_u64() % (uint64_t)blk)] = -v;
+            }
+        }
+        break;
+    case 3:                                         /* tiny: subnormal halves/floats */
+        for (int64_t i = 0; i < n; i++) x[i] *= 1e-6f * (float)(rng_unit() < 0.5 ? 1e-33 : 1);
+        break;
+    default:                                        /* random bit patterns incl. inf/NaN */
+        for (int64_t i = 0; i < n; i++) {
+            const uint32_t u = (uint32_t)rng_u64();
+            memcpy(&x[i], &u, 4);
+        }
+        break;
+    }
+}
+
+static void test_from_float(const struct level *l) {
+    static const enum sp_qtype act[] = {SP_QTYPE_F16, SP_QTYPE_BF16, SP_QTYPE_Q8_0, SP_QTYPE_Q8_1, SP_QTYPE_Q8_K};
+    const int64_t n = 1 << 18; /* 5 kinds x 2 seeds x 256K = 2.6M values per type */
+    float *x = malloc((size_t)n * sizeof *x);
+    uint8_t *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+    for (size_t k = 0; k < SP_ARRAY_LEN(act); k++) {
+        const enum sp_qtype at = act[k];
+        const struct sp_qtraits *ref = sp_qtraits_ref(at), *got = &l->tab[at];
+        /* NaN inputs: ref.c matches ggml's x86 code only for F16/BF16/Q8_K */
+        const int kinds = (at == SP_QTYPE_Q8_0 || at == SP_QTYPE_Q8_1) ? 4 : 5;
+        int bad = 0;
+        for (int kind = 0; kind < kinds; kind++) {
+            for (uint64_t seed = 1; seed <= 2; seed++) {
+                rng_seed(seed * 100 + (uint64_t)kind);
+                /* odd lengths exercise the F16/BF16 tails */
+                const int64_t len = ref->block_elems == 1 ? n - (int64_t)(seed * 3 + (uint64_t)kind) : n;
+                rand_act(at, x, len, kind);
+                const size_t bytes = sp_qtype_row_bytes(at, len);
+                memset(a, 0x55, bytes);
+                memset(b, 0xaa, bytes);
+                ref->from_float(x, a, len);
+                got->from_float(x, b, len);
+                if (memcmp(a, b, bytes) != 0) {
+                    size_t i = 0;
+                    while (a[i] == b[i]) i++;
+                    if (bad++ < 3) {
+                        fprintf(stderr, "%s %s from_float kind %d seed %llu: byte %zu differs (ref %02x, got %02x)\n",
+                                l->name, ref->name, kind, (unsigned long long)seed, i, a[i], b[i]);
+                    }
+                }
+            }
+        }
+        CHECKF(bad == 0, "%s %s from_float not bit-identical (%d runs)", l->name, ref->name, bad);
+    }
+    free(x);
+    free(a);
+    free(b);
+}
+
+/* ---- vec_dot vs reference -------------------------------------------------------- */
+
+static void test_vec_dot(const struct level *l) {
+    static const int64_t sizes32[] = {32, 96, 224, 4096, 11008, 14336};
+    static const int64_t sizesk[] = {256, 768, 4096, 11008, 14336};
+    static const int64_t sizesf[] = {1, 7, 31, 33, 100, 4096, 11008, 14336};
+    const int64_t nmax = 14336;
+    uint8_t *w = malloc((size_t)nmax * 4), *xq = malloc((size_t)nmax * 4);
+    float *xf = malloc((size_t)nmax * sizeof *xf), *fa = malloc((size_t)nmax * 4), *fb = malloc((size_t)nmax * 4);
+    for (size_t k = 0; k < SP_ARRAY_LEN(weight_types); k++) {
+        const enum sp_qtype t = weight_types[k];
+        const struct sp_qtraits *ref = sp_qtraits_ref(t), *got = &l->tab[t];
+        const struct sp_qtraits *xt = sp_qtraits_ref(ref->vec_dot_type);
+        const int64_t *sizes = ref->block_elems == 1 ? sizesf : ref->block_elems == 32 ? sizes32 : sizesk;
+        const size_t ns = ref->block_elems == 1 ? SP_ARRAY_LEN(sizesf)
+                          : ref->block_elems == 32 ? SP_ARRAY_LEN(sizes32) : SP_ARRAY_LEN(sizesk);
+        double worst = 0;
+        int inexact = 0;
+        for (size_t si = 0; si < ns; si++) {
+            const int64_t n = sizes[si];
+            for (uint64_t seed = 1; seed <= 3; seed++) {
+                rng_seed(seed * 7919 + (uint64_t)n + 1000 * (uint64_t)t);
+                rand_weights(t, w, n);
+                for (int64_t i = 0; i < n; i++) xf[i] = rng_normal();
+                xt->from_float(xf, xq, n);
+                float s_ref = 0, s_got = 0;
+                ref->vec_dot(n, &s_ref, w, xq);
+                got->vec_dot(n, &s_got, w, xq);
+                const double m = dot_magnitude(t, w, xq, n, fa, fb);
+                const double err = fabs((double)s_got - s_ref) / (m > 0 ? m : 1);
+                if (err > worst) worst = err;
+                if (s_got != s_ref) inexact++;
+                CHECKF(err <= TOL_VEC_DOT, "%s %s vec_dot n=%lld seed %llu: ref %.9g got %.9g (rel %.3g)", l->name,
+                       ref->name, (long long)n, (unsigned long long)seed, s_ref, s_got, err);
+            }
+        }
+        if (is_kquant(t)) CHECKF(inexact == 0, "%s %s vec_dot not bit-exact in %d cases", l->name, ref->name, inexact);
+        printf("  %-6s %-5s vec_dot worst rel err %.2e%s\n", l->name, ref->name, worst,
+               inexact ? "" : " (bit-exact)");
+    }
+    free(w);
+    free(xq);
+    free(xf);
+    free(fa);
+    free(fb);
+}
+
+/* ---- gemm vs the same level's vec_dot -------------------------------------------- */
+
+static void test_gemm(const struct level *l) {
+    static const int64_t toks[] = {1, 2, 3, 4, 5, 7, 8, 16, 33};
+    static const int64_t rows[] = {1, 5, 13};
+    for (size_t k = 0; k < SP_ARRAY_LEN(weight_types); k++) {
+        const enum sp_qtype t = weight_types[k];
+        const struct sp_qtraits *tr = &l->tab[t], *xt = sp_qtraits_ref(tr->vec_dot_type);
+        if (!tr->gemm) continue;
+        const int64_t n = tr->block_elems == 256 ? 768 : 224; /* odd block counts */
+        const size_t wrb = sp_qtype_row_bytes(t, n), xrb = sp_qtype_row_bytes(tr->vec_dot_type, n);
+        const size_t w_stride = wrb + 7, x_stride = xrb + 5; /* padded, unaligned rows */
+        const int64_t max_rows = 13, max_tok = 33, ldy = max_rows + 3;
+        uint8_t *w = calloc((size_t)max_rows, w_stride), *x = calloc((size_t)max_tok, x_stride);
+        float *xf = malloc((size_t)n * sizeof *xf), *fa = malloc((size_t)n * 4), *fb = malloc((size_t)n * 4);
+        float *y = malloc((size_t)(max_tok * ldy) * sizeof *y);
+        rng_seed(4242 + (uint64_t)t);
+        for (int64_t r = 0; r < max_rows; r++) rand_weights(t, w + (size_t)r * w_stride, n);
+        for (int64_t i = 0; i < max_tok; i++) {
+            for (int64_t j = 0; j < n; j++) xf[j] = rng_normal();
+            xt->from_float(xf, x + (size_t)i * x_stride, n);
+        }
+        double worst = 0;
+        int bad = 0;
+        for (size_t ri = 0; ri < SP_ARRAY_LEN(rows); ri++) {
+            for (size_t ti = 0; ti < SP_ARRAY_LEN(toks); ti++) {
+                const int64_t nr = rows[ri], nt = toks[ti];
+                for (int64_t i = 0; i < max_tok * ldy; i++) y[i] = -12345.0f;
+                tr->gemm(n, w, w_stride, nr, x, x_stride, nt, y, ldy);
+                for (int64_t i = 0; i < max_tok; i++) {
+                    for (int64_t r = 0; r < ldy; r++) {
+                        const float v = y[i * ldy + r];
+                        if (i >= nt || r >= nr) {
+                            if (v != -12345.0f) bad++;
+                            continue;
+                        }
+                        float s = 0;
+                        tr->vec_dot(n, &s, w + (size_t)r * w_stride, x + (size_t)i * x_stride);
+                        const double m = dot_magnitude(t, w + (size_t)r * w_stride, x + (size_t)i * x_stride, n, fa, fb);
+                        const double err = fabs((double)v - s) / (m > 0 ? m : 1);
+                        if (err > worst) worst = err;
+                        if (!(err <= TOL_GEMM) && bad++ < 3) {
+                            fprintf(stderr, "%s %s gemm rows %lld tok %lld: y[%lld][%lld] %.9g vs vec_dot %.9g\n",
+                                    l->name, tr->name, (long long)nr, (long long)nt, (long long)i, (long long)r, v, s);
+                        }
+                    }
+                }
+            }
+        }
+        CHECKF(bad == 0, "%s %s gemm: %d values off (or written outside the output)", l->name, tr->name, bad);
+        printf("  %-6s %-5s gemm    worst rel err %.2e\n", l->name, tr->name, worst);
+        free(w);
+        free(x);
+        free(xf);
+        free(fa);
+        free(fb);
+        free(y);
+    }
+}
+
+/* ---- SPARROW_ISA ------------------------------------------------------------------ */
+
+static void test_isa_override(void) {
+    /* Runs before anything else calls sp_quant_init(): the table must stay
+     * the reference one. */
+    setenv("SPARROW_ISA", "ref", 1);
+    sp_quant_init();
+    for (int t = 0; t < SP_QTYPE_COUNT; t++) {
+        const struct sp_qtraits *a = sp_qtraits_get((uint32_t)t), *r = sp_qtraits_ref((uint32_t)t);
+        if (!r) continue;
+        CHECKF(a->vec_dot == r->vec_dot && a->from_float == r->from_float && a->gemm == r->gemm,
+               "SPARROW_ISA=ref left a SIMD kernel in %s", r->name);
+    }
+}
+
+int main(void) {
+    test_isa_override();
+    setup_levels();
+    for (int i = 0; i < n_levels; i++) {
+        if (!levels[i].have) continue;
+        test_from_float(&levels[i]);
+        test_vec_dot(&levels[i]);
+        test_gemm(&levels[i]);
+    }
+    return test_report("test_kernels");
+}
