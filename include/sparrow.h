@@ -89,10 +89,20 @@ void sp_init(void);
  * ------------------------------------------------------------------------- */
 struct sp_model;
 
+/* How resident weights are held when the model fits.
+ *  SP_WEIGHTS_AUTO: Sparrow's choice (currently LOAD).
+ *  SP_WEIGHTS_MMAP: pointers into a read-only mapping of the file; pages
+ *                   come from the page cache on first touch.
+ *  SP_WEIGHTS_LOAD: read once into anonymous memory backed by huge pages
+ *                   where the OS allows: fewer TLB misses when streaming
+ *                   weights every token, at the cost of load time. */
+enum sp_weight_mode { SP_WEIGHTS_AUTO = 0, SP_WEIGHTS_MMAP = 1, SP_WEIGHTS_LOAD = 2, SP_WEIGHTS_MODE_COUNT };
+
 struct sp_model_params {
     const char *tokenizer_path; /* llama2.c checkpoints: tokenizer.bin; NULL = the
                                    file "tokenizer.bin" beside the model */
     bool vocab_only;            /* load the tokenizer only (no tensors needed) */
+    enum sp_weight_mode weights;/* default SP_WEIGHTS_AUTO */
 };
 struct sp_model_params sp_model_default_params(void);
 

@@ -21,7 +21,7 @@ void sp_init(void) {
 /* ---- model -------------------------------------------------------------- */
 
 struct sp_model_params sp_model_default_params(void) {
-    return (struct sp_model_params){.tokenizer_path = NULL, .vocab_only = false};
+    return (struct sp_model_params){.tokenizer_path = NULL, .vocab_only = false, .weights = SP_WEIGHTS_AUTO};
 }
 
 sp_status sp_model_load(const char *path, const struct sp_model_params *params, struct sp_model **out) {
@@ -50,7 +50,13 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
         goto fail;
     }
     if ((rc = sp_tokenizer_init(&m->mf->vocab, &m->tok))) goto fail;
-    if (!p.vocab_only && (rc = sp_pager_open(m->mf, &m->pager))) goto fail;
+    if ((unsigned)p.weights >= SP_WEIGHTS_MODE_COUNT) {
+        rc = sp_err(SP_E_INVALID, "%s: unknown weight mode %d", __func__, (int)p.weights);
+        goto fail;
+    }
+    if (!p.vocab_only && (rc = sp_pager_open(m->mf, p.weights == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD,
+                                             &m->pager)))
+        goto fail;
     *out = m;
     return SP_OK;
 fail:

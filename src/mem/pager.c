@@ -7,7 +7,10 @@
  *  2. A pinned range lies inside its tensor, and every tensor lies inside the
  *     file (format/ validated the directory against the file size; open checks
  *     the size did not change since).
- *  3. The mapping is read-only and shared: weights are never copied here.
+ *  3. MMAP mode: the mapping is read-only and shared; weights are never
+ *     copied.  LOAD mode: the region holds file bytes [base, file_size) at
+ *     region offset (file offset - base), base a multiple of 4096, so every
+ *     tensor keeps its file alignment; it is written only in open.
  *
  * States of a tensor:   UNPINNED --pin--> PINNED(n) --unpin (n==1)--> UNPINNED
  *   transition            function
@@ -28,18 +31,72 @@
 
 struct sp_pager {
     const struct sp_model_file *mf;
-    const uint8_t *map;   /* (file_size) read-only mapping */
-    uint64_t map_size;
+    enum sp_weight_mode mode;
+    const uint8_t *map;   /* MMAP: the file; LOAD: file bytes from `base` on */
+    uint64_t map_size;    /* bytes of map */
+    uint64_t base;        /* file offset of map[0] */
     atomic_uint_fast32_t *pins; /* (n_tensors) outstanding pins per tensor */
     atomic_uint_fast64_t n_pins;
     atomic_uint_fast64_t n_unpins;
 };
 
-sp_status sp_pager_open(const struct sp_model_file *mf, struct sp_pager **out) {
+static sp_status map_file(struct sp_pager *pg, int fd) {
+    const struct sp_model_file *mf = pg->mf;
+    void *m = mmap(NULL, (size_t)mf->file_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        return sp_err(SP_E_IO, "%s: cannot map '%s' (%llu bytes): %s", __func__, mf->path,
+                      (unsigned long long)mf->file_size, strerror(errno));
+    }
+    pg->map = m;
+    pg->map_size = mf->file_size;
+    pg->base = 0;
+    return SP_OK;
+}
+
+/* Read the tensor data section into one anonymous region.  Reads go in large
+ * sequential chunks; the region asks for transparent huge pages. */
+static sp_status load_file(struct sp_pager *pg, int fd) {
+    const struct sp_model_file *mf = pg->mf;
+    uint64_t lo = UINT64_MAX;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) lo = SP_MIN(lo, mf->tensors[i].offset);
+    pg->base = lo & ~(uint64_t)4095;
+    const uint64_t n = mf->file_size - pg->base;
+    void *m = mmap(NULL, (size_t)n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        return sp_err(SP_E_NOMEM, "%s: cannot allocate %llu bytes for the weights of '%s': %s", __func__,
+                      (unsigned long long)n, mf->path, strerror(errno));
+    }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(m, (size_t)n, MADV_HUGEPAGE);
+#endif
+#ifdef POSIX_FADV_SEQUENTIAL
+    (void)posix_fadvise(fd, (off_t)pg->base, (off_t)n, POSIX_FADV_SEQUENTIAL);
+#endif
+    uint8_t *dst = m;
+    uint64_t done = 0;
+    while (done < n) {
+        const size_t chunk = (size_t)SP_MIN(n - done, (uint64_t)64 << 20);
+        ssize_t r = pread(fd, dst + done, chunk, (off_t)(pg->base + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            munmap(m, (size_t)n);
+            return sp_err(SP_E_IO, "%s: reading '%s' at offset %llu: %s", __func__, mf->path,
+                          (unsigned long long)(pg->base + done), r < 0 ? strerror(errno) : "unexpected end of file");
+        }
+        done += (uint64_t)r;
+    }
+    (void)mprotect(m, (size_t)n, PROT_READ); /* weights are read-only from here on */
+    pg->map = m;
+    pg->map_size = n;
+    return SP_OK;
+}
+
+sp_status sp_pager_open(const struct sp_model_file *mf, enum sp_weight_mode mode, struct sp_pager **out) {
     *out = NULL;
     struct sp_pager *pg = sp_calloc(1, sizeof(*pg));
     if (!pg) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     pg->mf = mf;
+    pg->mode = mode == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD;
     int fd = -1;
     sp_status rc;
     pg->pins = sp_calloc(mf->n_tensors ? mf->n_tensors : 1, sizeof(*pg->pins));
@@ -66,15 +123,8 @@ sp_status sp_pager_open(const struct sp_model_file *mf, struct sp_pager **out) {
                     (unsigned long long)st.st_size, (unsigned long long)mf->file_size);
         goto fail;
     }
-    void *m = mmap(NULL, (size_t)mf->file_size, PROT_READ, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) {
-        rc = sp_err(SP_E_IO, "%s: cannot map '%s' (%llu bytes): %s", __func__, mf->path,
-                    (unsigned long long)mf->file_size, strerror(errno));
-        goto fail;
-    }
+    if ((rc = mode == SP_WEIGHTS_MMAP ? map_file(pg, fd) : load_file(pg, fd))) goto fail;
     close(fd);
-    pg->map = m;
-    pg->map_size = mf->file_size;
     *out = pg;
     return SP_OK;
 fail:
@@ -103,12 +153,12 @@ sp_status sp_pager_pin_range(struct sp_pager *pg, const struct sp_tensor_desc *t
         return sp_err(SP_E_INVALID, "%s: range [%llu, +%llu) outside tensor '%s' (%llu bytes)", __func__,
                       (unsigned long long)off, (unsigned long long)nbytes, t->name, (unsigned long long)t->size);
     }
-    if (!pg->map || t->offset + end > pg->map_size) {
-        return sp_err(SP_E_IO, "%s: tensor '%s' is not mapped", __func__, t->name);
+    if (!pg->map || t->offset < pg->base || t->offset - pg->base + end > pg->map_size) {
+        return sp_err(SP_E_IO, "%s: tensor '%s' is not resident", __func__, t->name);
     }
     atomic_fetch_add(&pg->pins[i], 1);
     atomic_fetch_add(&pg->n_pins, 1);
-    *out = pg->map + t->offset + off;
+    *out = pg->map + (t->offset - pg->base) + off;
     return SP_OK;
 }
 
@@ -124,4 +174,5 @@ void sp_pager_get_stats(const struct sp_pager *pg, struct sp_pager_stats *out) {
     out->unpins = atomic_load(&pg->n_unpins);
     out->outstanding = out->pins - out->unpins;
     out->mapped_bytes = pg->map_size;
+    out->mode = pg->mode;
 }

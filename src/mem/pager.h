@@ -4,8 +4,9 @@
  * the resident bytes of a tensor (or a byte range of it) that stays valid
  * until the matching sp_pager_unpin(); "one unpin per successful pin".
  *
- * This version maps the whole file read-only and pins are pointers into the
- * mapping (the model fits).  The budgeted pager that streams, prefetches and
+ * This version keeps every weight resident (the model fits): either a
+ * read-only mapping of the file, or one anonymous region (huge pages where
+ * the OS allows) that the weights are read into at open.  The budgeted pager that streams, prefetches and
  * evicts under --mem-budget replaces the inside of these calls, not callers.
  */
 #ifndef SP_PAGER_H
@@ -20,12 +21,13 @@ struct sp_pager_stats {
     uint64_t unpins;
     uint64_t outstanding; /* pins - unpins: must be 0 between tokens */
     uint64_t mapped_bytes;
+    enum sp_weight_mode mode; /* MMAP or LOAD (never AUTO) */
 };
 
 /* Open mf's file for weight access.  mf must outlive the pager.  Checks the
  * file still has the size the directory was validated against.
  * SP_E_IO (message names the path), SP_E_FORMAT, SP_E_NOMEM. */
-sp_status sp_pager_open(const struct sp_model_file *mf, struct sp_pager **out);
+sp_status sp_pager_open(const struct sp_model_file *mf, enum sp_weight_mode mode, struct sp_pager **out);
 void sp_pager_close(struct sp_pager *pg);
 
 /* Pin nbytes of tensor t starting at byte off within it (off + nbytes <=
