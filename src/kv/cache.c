@@ -10,6 +10,8 @@
  */
 #include "cache.h"
 
+#include "quant/quant.h"
+
 #include <math.h>
 
 struct sp_kv_cache {
@@ -76,21 +78,25 @@ void sp_kv_store(struct sp_kv_cache *kv, uint32_t il, uint32_t pos, const float 
 void sp_kv_attend(const struct sp_kv_cache *kv, uint32_t il, uint32_t kh, uint32_t hd_k, uint32_t hd_v,
                   uint32_t n_pos, const float *q, float scale, float *att, float *out) {
     SP_ASSERT(il < kv->n_layers && n_pos > 0 && n_pos <= kv->n_ctx);
-    SP_ASSERT((kh + 1) * hd_k <= kv->k_dim && (kh + 1) * hd_v <= kv->v_dim);
+    SP_ASSERT((kh + 1) * hd_k <= kv->k_dim && (kh + 1) * hd_v <= kv->v_dim && hd_k <= SP_KV_MAX_HEAD_DIM);
     const size_t base = (size_t)il * kv->n_ctx;
+    /* Scores through the dispatched dot kernels: F32 keys meet the F32 query;
+     * F16 keys meet the query rounded to F16, as ggml does for an F16 cache. */
     float max = -INFINITY;
+    if (kv->type == SP_KV_F32) {
+        const sp_vec_dot_fn dot = sp_qtraits_get(SP_QTYPE_F32)->vec_dot;
+        const float *k = (const float *)kv->k + base * kv->k_dim + (size_t)kh * hd_k;
+        for (uint32_t p = 0; p < n_pos; p++) dot(hd_k, &att[p], k + (size_t)p * kv->k_dim, q);
+    } else {
+        const sp_vec_dot_fn dot = sp_qtraits_get(SP_QTYPE_F16)->vec_dot;
+        uint16_t qh[SP_KV_MAX_HEAD_DIM];
+        for (uint32_t i = 0; i < hd_k; i++) qh[i] = sp_fp32_to_fp16(q[i]);
+        const uint16_t *k = (const uint16_t *)kv->k + base * kv->k_dim + (size_t)kh * hd_k;
+        for (uint32_t p = 0; p < n_pos; p++) dot(hd_k, &att[p], k + (size_t)p * kv->k_dim, qh);
+    }
     for (uint32_t p = 0; p < n_pos; p++) {
-        float s = 0.0f;
-        if (kv->type == SP_KV_F32) {
-            const float *k = (const float *)kv->k + (base + p) * kv->k_dim + (size_t)kh * hd_k;
-            for (uint32_t i = 0; i < hd_k; i++) s += q[i] * k[i];
-        } else {
-            const uint16_t *k = (const uint16_t *)kv->k + (base + p) * kv->k_dim + (size_t)kh * hd_k;
-            for (uint32_t i = 0; i < hd_k; i++) s += q[i] * sp_fp16_to_fp32(k[i]);
-        }
-        s *= scale;
-        att[p] = s;
-        if (s > max) max = s;
+        att[p] *= scale;
+        if (att[p] > max) max = att[p];
     }
     double sum = 0.0;
     for (uint32_t p = 0; p < n_pos; p++) {
@@ -99,6 +105,7 @@ void sp_kv_attend(const struct sp_kv_cache *kv, uint32_t il, uint32_t kh, uint32
     }
     const float inv = (float)(1.0 / sum);
     for (uint32_t i = 0; i < hd_v; i++) out[i] = 0.0f;
+    /* out += a * v: an axpy per position, which the compiler vectorizes. */
     for (uint32_t p = 0; p < n_pos; p++) {
         const float a = att[p] * inv;
         att[p] = a;

@@ -12,6 +12,9 @@
 
 struct sp_kv_cache;
 
+/* Largest head size attention supports (stack scratch for an F16 query). */
+#define SP_KV_MAX_HEAD_DIM 1024
+
 /* SP_E_INVALID for a zero dimension or an unknown type, SP_E_NOMEM (message
  * states the bytes asked for). */
 sp_status sp_kv_init(uint32_t n_layers, uint32_t n_ctx, uint32_t k_dim, uint32_t v_dim, enum sp_kv_type type,

@@ -63,6 +63,10 @@ sp_status sp_model_bind(struct sp_model *m) {
         return sp_err(SP_E_FORMAT, "%s: head_count %u is not a multiple of head_count_kv %u", mf->path, hp->n_heads,
                       hp->n_kv_heads);
     }
+    if (hp->head_dim_k > SP_KV_MAX_HEAD_DIM || hp->head_dim_v > SP_KV_MAX_HEAD_DIM) {
+        return sp_err(SP_E_UNSUPPORTED, "%s: head size %u/%u exceeds the supported %d", mf->path, hp->head_dim_k,
+                      hp->head_dim_v, SP_KV_MAX_HEAD_DIM);
+    }
     if (hp->rope_dims == 0 || hp->rope_dims > hp->head_dim_k || hp->rope_dims % 2) {
         return sp_err(SP_E_FORMAT, "%s: rope dimension count %u invalid for head size %u", mf->path, hp->rope_dims,
                       hp->head_dim_k);

@@ -159,6 +159,32 @@ static sp_status embed(struct sp_model *m, int32_t token, float *x) {
     return SP_OK;
 }
 
+/* Attention for all tokens of the batch, heads split across threads.  Each
+ * head has its own row of f->att, so threads never share scratch. */
+struct attn_job {
+    const struct sp_hparams *hp;
+    struct sp_fwd *f;
+    const struct sp_kv_cache *kv;
+    uint32_t il, n_tok, pos0;
+    float scale;
+};
+
+static void attn_task(void *arg, int ith, int nth) {
+    const struct attn_job *j = arg;
+    const struct sp_hparams *hp = j->hp;
+    const uint32_t hdk = hp->head_dim_k, hdv = hp->head_dim_v, n_rep = hp->n_heads / hp->n_kv_heads;
+    const uint32_t QD = hp->n_heads * hdk, OD = hp->n_heads * hdv;
+    const uint32_t per = (hp->n_heads + (uint32_t)nth - 1) / (uint32_t)nth;
+    const uint32_t h0 = per * (uint32_t)ith, h1 = SP_MIN(hp->n_heads, h0 + per);
+    for (uint32_t h = h0; h < h1; h++) {
+        /* Token t sees positions [0, pos0 + t]: causal within the batch. */
+        for (uint32_t t = 0; t < j->n_tok; t++) {
+            sp_kv_attend(j->kv, j->il, h / n_rep, hdk, hdv, j->pos0 + t + 1, j->f->q + (size_t)t * QD + (size_t)h * hdk,
+                         j->scale, j->f->att + (size_t)h * j->f->n_ctx, j->f->attn + (size_t)t * OD + (size_t)h * hdv);
+        }
+    }
+}
+
 static void add_rows(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
@@ -171,7 +197,6 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
     const uint32_t E = hp->n_embd, hdk = hp->head_dim_k, hdv = hp->head_dim_v, F = hp->n_ff;
     const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk, VD = hp->n_kv_heads * hdv;
     const uint32_t OD = hp->n_heads * hdv;
-    const uint32_t n_rep = hp->n_heads / hp->n_kv_heads;
     const float scale = 1.0f / sqrtf((float)hdk);
     sp_status rc = SP_OK;
     SP_ASSERT(n_tok >= 1 && n_tok <= f->n_batch && pos0 + n_tok <= f->n_ctx);
@@ -210,12 +235,11 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
                     hp->rope_freq_scale, hp->rope_neox, freq_factors);
             sp_kv_store(kv, il, pos0 + t, f->k + (size_t)t * KD, f->v + (size_t)t * VD);
         }
-        /* Token t sees positions [0, pos0 + t]: causal within the batch. */
-        for (uint32_t t = 0; t < n_tok; t++) {
-            for (uint32_t h = 0; h < hp->n_heads; h++) {
-                sp_kv_attend(kv, il, h / n_rep, hdk, hdv, pos0 + t + 1, f->q + (size_t)t * QD + (size_t)h * hdk,
-                             scale, f->att + (size_t)h * f->n_ctx, f->attn + (size_t)t * OD + (size_t)h * hdv);
-            }
+        struct attn_job aj = {hp, f, kv, il, n_tok, pos0, scale};
+        if ((uint64_t)n_tok * (pos0 + n_tok) * hp->n_heads * hdk < 65536) {
+            attn_task(&aj, 0, 1); /* too small to wake threads for */
+        } else {
+            sp_pool_run(f->pool, attn_task, &aj);
         }
         TRY(matmul(m, f, L->wo, f->attn, OD, n_tok, f->xb2, E));
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
