@@ -6,6 +6,9 @@
 #   make test       build and run every test binary (tests/run.sh)
 #   make asan       the same tests under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz       libFuzzer targets in tests/fuzz/ (clang, ASan + UBSan) into build-fuzz/
+#   make arm64      cross-build for AArch64 into build-arm64/ and run the ARM kernel and
+#                   stories260K golden tests under qemu (scripts/arm64-test.sh); the build
+#                   alone is make CC=aarch64-linux-gnu-gcc BUILD=build-arm64 all
 #   make format     clang-format the tree
 #   make clean
 
@@ -44,7 +47,7 @@ $(BUILD)/src/quant/x86/amx.o: CFLAGS += -mamx-tile -mamx-int8 -mamx-bf16 -mavx51
 $(BUILD)/src/quant/x86/amx_emu.o: CFLAGS += -mavx2 -mfma -mf16c
 $(BUILD)/src/quant/arm/dotprod.o: CFLAGS += -march=armv8.2-a+dotprod
 
-.PHONY: all test asan format clean bench fuzz deps
+.PHONY: all test asan format clean bench fuzz deps arm64
 all: $(LIB) $(CLI) $(TEST_BIN)
 
 $(BUILD)/%.o: %.c
@@ -89,10 +92,13 @@ fuzz:
 	        $$f build-fuzz/libsparrow.a $(LDLIBS) -o build-fuzz/$$(basename $$f .c) || exit 1; \
 	done
 
+arm64:
+	sh scripts/arm64-test.sh
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-arm64
 
 -include $(LIB_OBJ:.o=.d) $(BUILD)/tools/cli/main.d $(TEST_BIN:%=%.d) $(BENCH_BIN:%=%.d)

@@ -9,6 +9,10 @@
 
 #include <stdatomic.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #if defined(__aarch64__)
 #if defined(__linux__)
 #include <sys/auxv.h>
@@ -23,6 +27,26 @@
 static struct sp_cpu_features feats;
 static atomic_int done;
 
+#if defined(__x86_64__)
+/* AMX: CPUID leaf 7 subleaf 0 EDX bits 22 (bf16), 24 (tile), 25 (int8), and
+ * the OS must enable tile state in XCR0 (bits 17 XTILECFG, 18 XTILEDATA).
+ * __builtin_cpu_supports has no AMX names in older compilers.  Linux also
+ * wants a per-process arch_prctl before tile data is used: quant/x86/amx.c
+ * asks for it. */
+static void x86_amx(struct sp_cpu_features *f) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return; /* no OSXSAVE: no xgetbv */
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    (void)xhi;
+    if (((xlo >> 17) & 3) != 3) return;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    f->amx_bf16 = (d >> 22) & 1;
+    f->amx_tile = (d >> 24) & 1;
+    f->amx_int8 = (d >> 25) & 1;
+}
+#endif
+
 const struct sp_cpu_features *sp_cpu_features(void) {
     if (atomic_load(&done)) return &feats;
 #if defined(__x86_64__) || defined(__i386__)
@@ -35,6 +59,9 @@ const struct sp_cpu_features *sp_cpu_features(void) {
     feats.avx512vnni = __builtin_cpu_supports("avx512vnni");
     feats.avx512bf16 = __builtin_cpu_supports("avx512bf16");
     feats.f16c = feats.avx2; /* every AVX2 CPU we target has F16C */
+#if defined(__x86_64__)
+    x86_amx(&feats);
+#endif
 #elif defined(__aarch64__)
     feats.neon = true; /* Advanced SIMD is part of the base A64 instruction set */
 #if defined(__linux__)

@@ -341,8 +341,14 @@ static void slab_task(void *arg, int ith, int nth) {
 /* ---- metadata --------------------------------------------------------------- */
 
 /* A SentencePiece-style vocabulary of n tokens: <unk> <s> </s>, the 256 byte
- * tokens <0x00>..<0xFF>, then fillers "\u2581tok<i>" with falling scores. */
+ * tokens <0x00>..<0xFF>, the word boundary "\u2581" and the 94 printable
+ * ASCII characters (so text tokenizes into characters, and spaces render as
+ * spaces, as in real Llama vocabularies), then fillers "\u2581tok<i>" with
+ * falling scores. */
+enum { VOCAB_BYTES = 3, VOCAB_CHARS = VOCAB_BYTES + 256, VOCAB_FILL = VOCAB_CHARS + 1 + 94 };
+
 static sp_status set_vocab(struct sp_gguf_writer *w, uint32_t n) {
+    SP_ASSERT(n >= VOCAB_FILL); /* every shape's vocabulary is larger */
     sp_status rc = SP_OK;
     const size_t per = 24; /* longest token text: "\xe2\x96\x81tok" + 10 digits + NUL */
     char *text = sp_malloc((size_t)n * per);
@@ -360,8 +366,10 @@ static sp_status set_vocab(struct sp_gguf_writer *w, uint32_t n) {
         if (i == 0) snprintf(s, per, "<unk>"), tt = 2;
         else if (i == 1) snprintf(s, per, "<s>"), tt = 3;
         else if (i == 2) snprintf(s, per, "</s>"), tt = 3;
-        else if (i < 3 + 256) snprintf(s, per, "<0x%02X>", i - 3), tt = 6;
-        else snprintf(s, per, "\xe2\x96\x81tok%u", i), sc = -(float)(i - 259);
+        else if (i < VOCAB_CHARS) snprintf(s, per, "<0x%02X>", i - VOCAB_BYTES), tt = 6;
+        else if (i == VOCAB_CHARS) snprintf(s, per, "\xe2\x96\x81"), sc = -1.0f;
+        else if (i < VOCAB_FILL) snprintf(s, per, "%c", (char)('!' + (i - VOCAB_CHARS - 1))), sc = -2.0f;
+        else snprintf(s, per, "\xe2\x96\x81tok%u", i), sc = -3.0f - (float)(i - VOCAB_FILL);
         tok[i].type = SP_META_STRING;
         tok[i].v.str.ptr = s;
         tok[i].v.str.len = strlen(s);

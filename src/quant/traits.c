@@ -91,6 +91,17 @@ void sp_quant_init(void) {
         if (cap >= 2) sp_quant_register_avx512(table, f);
     }
 #endif
+#if defined(__x86_64__)
+    {
+        /* AMX int8 gemm for prefill (x86/amx.c), after the AVX-512 hook: the
+         * entries it replaces become its fallback below 16 tokens.  Off when
+         * SPARROW_ISA caps the level (ref/avx2/avx512) or SPARROW_AMX=0. */
+        const char *isa = getenv("SPARROW_ISA");
+        if (!isa || (strcmp(isa, "ref") && strcmp(isa, "avx2") && strcmp(isa, "avx512"))) {
+            sp_quant_register_amx(table, sp_cpu_features());
+        }
+    }
+#endif
 #if defined(__aarch64__)
     {
         /* SPARROW_ISA=ref|neon|dotprod caps the level as above: neon keeps

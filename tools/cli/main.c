@@ -1101,6 +1101,9 @@ static void help_bench(FILE *f) {
             "  -b, --batch N           tokens per forward pass, 1..%d; 0 = the library's\n"
             "                          default (128)\n"
             "      --kv-type TYPE      KV cache element type: f32 or f16 (default: f32)\n"
+            "      --weights MODE      how resident weights are held: auto, mmap (pointers\n"
+            "                          into the file mapping) or load (read into anonymous,\n"
+            "                          huge-page memory) (default: auto)\n"
             "      --cold              evict the model file from the page cache before each\n"
             "                          repetition (posix_fadvise DONTNEED)\n"
             "      --json              print one JSON object on stdout instead of the table:\n"
@@ -1111,6 +1114,10 @@ static void help_bench(FILE *f) {
             "exit status: 0 success, 1 runtime or library error, 2 usage error.\n",
             MAX_BATCH, DEF_BENCH_PROMPT, MAX_BATCH, DEF_BENCH_GEN, DEF_BENCH_REPS, MAX_THREADS, default_threads(),
             MAX_BATCH);
+}
+
+static const char *weights_name(enum sp_weight_mode w) {
+    return w == SP_WEIGHTS_MMAP ? "mmap" : w == SP_WEIGHTS_LOAD ? "load" : "auto";
 }
 
 struct bench_run {
@@ -1222,8 +1229,8 @@ static void json_fields(struct bench_run *r) {
 
 /* One repetition: load, prompt, n_gen decodes; fills r.  Returns an exit
  * code (EXIT_OK or EXIT_RUNTIME, message printed). */
-static int bench_once(const char *path, struct sp_session_params sp, int n_prompt, int n_gen, struct bench_run *r,
-                      struct sp_model_info *info) {
+static int bench_once(const char *path, enum sp_weight_mode weights, struct sp_session_params sp, int n_prompt,
+                      int n_gen, struct bench_run *r, struct sp_model_info *info) {
     struct sp_model *model = NULL;
     struct sp_session *sess = NULL;
     int32_t *toks = NULL;
@@ -1234,8 +1241,10 @@ static int bench_once(const char *path, struct sp_session_params sp, int n_promp
     memset(r, 0, sizeof *r);
     reset_hwm();
     proc_io(&io0, &rc0);
+    struct sp_model_params mp = sp_model_default_params();
+    mp.weights = weights;
     const double t0 = now_s();
-    rc = load_model(path, NULL, false, &model);
+    rc = sp_model_load(path, &mp, &model);
     if (rc != SP_OK) {
         ret = lib_error("loading the model", rc);
         goto done;
@@ -1314,6 +1323,7 @@ static int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL;
     long long n_prompt = DEF_BENCH_PROMPT, n_gen = DEF_BENCH_GEN, reps = DEF_BENCH_REPS;
     bool json = false, cold = false;
+    enum sp_weight_mode weights = SP_WEIGHTS_AUTO;
     struct sp_session_params sp = sp_session_default_params();
     sp.n_threads = default_threads();
     sp.sampling.temp = 0.0f; /* greedy */
@@ -1343,6 +1353,12 @@ static int cmd_bench(int argc, char **argv) {
             if (strcmp(v, "f32") == 0) sp.kv_type = SP_KV_F32;
             else if (strcmp(v, "f16") == 0) sp.kv_type = SP_KV_F16;
             else usage_error(a.cmd, "%s: expected f32 or f16, got '%s'", a.name, v);
+        } else if (opt_is(&a, NULL, "--weights")) {
+            const char *v = opt_value(&a);
+            if (strcmp(v, "auto") == 0) weights = SP_WEIGHTS_AUTO;
+            else if (strcmp(v, "mmap") == 0) weights = SP_WEIGHTS_MMAP;
+            else if (strcmp(v, "load") == 0) weights = SP_WEIGHTS_LOAD;
+            else usage_error(a.cmd, "%s: expected auto, mmap or load, got '%s'", a.name, v);
         } else if (opt_is(&a, NULL, "--cold")) {
             opt_no_value(&a);
             cold = true;
@@ -1374,8 +1390,11 @@ static int cmd_bench(int argc, char **argv) {
         goto done;
     }
     if (!json) {
-        printf("model %s: threads %d, prompt %lld, gen %lld, ctx %d, batch %d%s\n", model_path, (int)sp.n_threads,
-               n_prompt, n_gen, (int)sp.n_ctx, (int)sp.n_batch, cold ? ", cold page cache" : "");
+        char batch[16];
+        snprintf(batch, sizeof batch, sp.n_batch ? "%d" : "default", (int)sp.n_batch);
+        printf("model %s: threads %d, prompt %lld, gen %lld, ctx %d, batch %s, weights %s%s\n", model_path,
+               (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, batch, weights_name(weights),
+               cold ? ", cold page cache" : "");
         printf("%4s %8s %8s %11s %10s %9s %12s %12s %12s\n", "rep", "load s", "ttft s", "prefill t/s", "decode t/s",
                "ms/token", "peak RSS MiB", "read MiB", "read/token");
         fflush(stdout);
@@ -1384,7 +1403,9 @@ static int cmd_bench(int argc, char **argv) {
         if (cold && evict_file(model_path) != 0 && i == 0) {
             fprintf(stderr, "sparrow: bench: warning: cannot evict '%s' from the page cache\n", model_path);
         }
-        if ((ret = bench_once(model_path, sp, (int)n_prompt, (int)n_gen, &runs[i], &info)) != EXIT_OK) goto done;
+        if ((ret = bench_once(model_path, weights, sp, (int)n_prompt, (int)n_gen, &runs[i], &info)) != EXIT_OK) {
+            goto done;
+        }
         if (!json) {
             const struct bench_run *r = &runs[i];
             printf("%4lld %8.3f %8.3f %11.2f %10.2f %9.1f %12.1f %12.1f %12.0f\n", i + 1, r->load_s, r->ttft_s,
@@ -1402,9 +1423,10 @@ static int cmd_bench(int argc, char **argv) {
         printf("{\"model\": ");
         json_string(model_path);
         printf(", \"engine\": \"sparrow\", \"version\": \"%s\", \"threads\": %d, \"n_prompt\": %lld, \"n_gen\": %lld, "
-               "\"n_ctx\": %d, \"n_batch\": %d, \"reps\": %lld, \"cold\": %s, \"kv_type\": \"%s\", ",
+               "\"n_ctx\": %d, \"n_batch\": %d, \"reps\": %lld, \"cold\": %s, \"kv_type\": \"%s\", "
+               "\"weights\": \"%s\", ",
                SPARROW_VERSION, (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, (int)sp.n_batch, reps,
-               cold ? "true" : "false", kv_type_name(sp.kv_type));
+               cold ? "true" : "false", kv_type_name(sp.kv_type), weights_name(weights));
         printf("\"model_file_size\": %" PRIu64 ", \"model_tensor_bytes\": %" PRIu64
                ", \"model_bytes_per_token\": %" PRIu64 ", \"model_params\": %" PRIu64 ", ",
                info.file_size, info.tensor_bytes, info.bytes_per_token, info.n_params);

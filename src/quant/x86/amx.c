@@ -1,13 +1,15 @@
 /*
  * amx.c -- AMX int8 (TMUL) kernels for the batched product of prefill
- * (sp_gemm_fn in quant.h), for weights Q4_0, Q5_0, Q8_0 (activations Q8_0)
- * and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (activations Q8_K).  Not for decode: fewer
- * than 16 tokens, and tails, go to the table entry this file replaced.
+ * (sp_gemm_fn in quant.h), for weights Q4_0, Q5_0, Q8_0 (activations Q8_0),
+ * Q4_1, Q5_1 (Q8_1) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (Q8_K).  Not for
+ * decode: fewer than 16 tokens, and tails, go to the table entry this file
+ * replaced.
  *
  * Numerics follow ref.c: each step (32 elements, 16 for the K-quants with
  * 16-element scales) is one exact int32 dot from TDPBSSD, then scaled in
  * float by (weight scale) x (activation scale) and summed; mins use Q8_K's
- * bsums.  Results equal vec_dot up to float rounding and summation order.
+ * bsums or Q8_1's block sums.  Results equal vec_dot up to float rounding
+ * and summation order.
  *
  * Compiled twice: as itself with -mamx-* (the real kernels, installed by
  * sp_quant_register_amx), and from amx_emu.c with SP_AMX_EMU, where the tile
@@ -71,6 +73,13 @@ struct emu_tile {
 static _Thread_local struct emu_tile emu[8];
 
 static void emu_cfg(const struct tilecfg *c) {
+    /* what LDTILECFG would #GP on (palette 1: 8 tiles of <= 16 rows x 64 bytes) */
+    SP_ASSERT(c->palette == 1 && c->start_row == 0);
+    for (int i = 0; i < 14; i++) SP_ASSERT(c->reserved[i] == 0);
+    for (int i = 0; i < 16; i++) {
+        SP_ASSERT(i < 8 || (c->rows[i] == 0 && c->colsb[i] == 0));
+        SP_ASSERT(c->rows[i] <= 16 && c->colsb[i] <= 64 && (c->rows[i] == 0) == (c->colsb[i] == 0));
+    }
     for (int i = 0; i < 8; i++) {
         emu[i].rows = c->rows[i];
         emu[i].colsb = c->colsb[i];
@@ -170,6 +179,11 @@ static inline int step_elems(int type) {
     return (type == SP_QTYPE_Q6_K || type == SP_QTYPE_Q3_K || type == SP_QTYPE_Q2_K) ? 16 : 32;
 }
 static inline bool act_q8k(int type) { return type >= SP_QTYPE_Q2_K; }
+static inline bool act_q81(int type) { return type == SP_QTYPE_Q4_1 || type == SP_QTYPE_Q5_1; }
+/* Bytes of one 32-element activation block (Q8_0 / Q8_1) and where its
+ * quants start. */
+static inline size_t ablock_bytes(int type) { return act_q81(type) ? 36 : 34; }
+static inline size_t aqs_off(int type) { return act_q81(type) ? 4 : 2; }
 /* Mins per chunk: 8 per 32 elements against bsum pairs, 16 per 16 against bsums. */
 static inline int n_mins(int type) {
     return (type == SP_QTYPE_Q4_K || type == SP_QTYPE_Q5_K) ? 8 : type == SP_QTYPE_Q2_K ? 16 : 0;
@@ -177,7 +191,9 @@ static inline int n_mins(int type) {
 static inline size_t wblock_bytes(int type) {
     switch (type) {
     case SP_QTYPE_Q4_0: return sizeof(struct sp_block_q4_0);
+    case SP_QTYPE_Q4_1: return sizeof(struct sp_block_q4_1);
     case SP_QTYPE_Q5_0: return sizeof(struct sp_block_q5_0);
+    case SP_QTYPE_Q5_1: return sizeof(struct sp_block_q5_1);
     case SP_QTYPE_Q8_0: return sizeof(struct sp_block_q8_0);
     case SP_QTYPE_Q2_K: return sizeof(struct sp_block_q2_k);
     case SP_QTYPE_Q3_K: return sizeof(struct sp_block_q3_k);
@@ -191,8 +207,8 @@ static inline size_t chunk_bytes(int type) { return act_q8k(type) ? wblock_bytes
 
 /* ---- weight unpacking -------------------------------------------------------
  * Group g (32 elements) of chunk c of one weight row as 32 int8 in element
- * order; layouts in types.h.  Q4_K/Q5_K/Q2_K values are unsigned (their mins
- * are applied separately), the rest are centred. */
+ * order; layouts in types.h.  Q4_1/Q5_1/Q4_K/Q5_K/Q2_K values are unsigned
+ * (their mins are applied separately), the rest are centred. */
 
 static inline __m256i srl16(__m256i v, int s) { return _mm256_srl_epi16(v, _mm_cvtsi32_si128(s)); }
 
@@ -202,21 +218,25 @@ static inline __attribute__((always_inline)) __m256i unpack_group(const int type
     switch (type) {
     case SP_QTYPE_Q8_0: return _mm256_loadu_si256((const __m256i *)(row + (size_t)(c * 8 + g) * 34 + 2));
     case SP_QTYPE_Q4_0:
-    case SP_QTYPE_Q5_0: {
+    case SP_QTYPE_Q4_1:
+    case SP_QTYPE_Q5_0:
+    case SP_QTYPE_Q5_1: {
         const size_t bb = wblock_bytes(type);
         const uint8_t *b = row + (size_t)(c * 8 + g) * bb;
-        const __m128i q = _mm_loadu_si128((const __m128i *)(b + bb - 16));
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b + bb - 16)); /* qs is the block's tail */
         const __m128i m = _mm_set1_epi8(0x0f);
         const __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
         if (type == SP_QTYPE_Q4_0) return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+        if (type == SP_QTYPE_Q4_1) return v;
         /* bit 4 of element j is bit j of qh: byte j tests bit j % 8 of qh byte j / 8 */
         uint32_t qh;
-        memcpy(&qh, b + 2, 4);
+        memcpy(&qh, b + (type == SP_QTYPE_Q5_0 ? 2 : 4), 4);
         const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
                                              3, 3, 3, 3, 3, 3, 3);
         const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201ull);
         const __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)qh), sel);
         const __m256i h = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bit), bit), _mm256_set1_epi8(16));
+        if (type == SP_QTYPE_Q5_1) return _mm256_or_si256(v, h);
         return _mm256_sub_epi8(_mm256_or_si256(v, h), _mm256_set1_epi8(16));
     }
     case SP_QTYPE_Q4_K:
@@ -277,7 +297,7 @@ static inline void transpose8(__m256i v[8]) {
 struct pack {
     _Alignas(64) int8_t b[2][8 * 512]; /* [row tile][group * 512 + k4 * 64 + 4 * row + j] (VNNI) */
     float dw[MAX_STEPS][32];           /* [step][row]: scale of the step's int32 dot (d, or d * sub-scale) */
-    float mn[16][32];                  /* [min][row]: integer mins, for n_mins(type) > 0 */
+    float mn[16][32];                  /* [min][row]: integer mins (n_mins(type) > 0); Q4_1/Q5_1: m per step */
     float dmin[32];                    /* [row]: super-block min scale */
 };
 
@@ -299,6 +319,14 @@ static inline __attribute__((always_inline)) void unpack_scales(const int type, 
     case SP_QTYPE_Q5_0:
     case SP_QTYPE_Q8_0:
         for (int g = 0; g < ng; g++) pk->dw[g][ri] = f16(row + (size_t)(c * 8 + g) * wblock_bytes(type));
+        break;
+    case SP_QTYPE_Q4_1:
+    case SP_QTYPE_Q5_1:
+        for (int g = 0; g < ng; g++) {
+            const uint8_t *b = row + (size_t)(c * 8 + g) * wblock_bytes(type);
+            pk->dw[g][ri] = f16(b);
+            pk->mn[g][ri] = f16(b + 2);
+        }
         break;
     case SP_QTYPE_Q4_K:
     case SP_QTYPE_Q5_K: {
@@ -374,8 +402,8 @@ static inline __attribute__((always_inline)) void pack_panel(const int type, str
 
 /* Activation side of one chunk for up to two token tiles. */
 struct acts {
-    float dx[2][MAX_STEPS][16]; /* [tile][step][token]: Q8_0 d per step; Q8_K d in step 0 */
-    float bs[2][16][16];        /* [tile][min][token]: bsums (pairs for Q4_K/Q5_K) as floats */
+    float dx[2][MAX_STEPS][16]; /* [tile][step][token]: Q8_0/Q8_1 d per step; Q8_K d in step 0 */
+    float bs[2][16][16];        /* [tile][min][token]: bsums (pairs for Q4_K/Q5_K) as floats; Q8_1 s per step */
 };
 
 static inline __attribute__((always_inline)) void load_acts(const int type, struct acts *ac, const uint8_t *x,
@@ -385,10 +413,15 @@ static inline __attribute__((always_inline)) void load_acts(const int type, stru
         const uint8_t *xt = x + (size_t)ts[tt] * xs;
         if (!act_q8k(type)) {
             for (int g = 0; g < ng; g++) {
-                _Alignas(32) uint16_t h[16];
-                for (int i = 0; i < 16; i++) memcpy(&h[i], xt + i * xs + (size_t)(c * 8 + g) * 34, 2);
-                _mm256_storeu_ps(ac->dx[tt][g], _mm256_cvtph_ps(_mm_load_si128((const __m128i *)h)));
-                _mm256_storeu_ps(ac->dx[tt][g] + 8, _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(h + 8))));
+                _Alignas(32) uint16_t h[2][16];
+                const size_t bo = (size_t)(c * 8 + g) * ablock_bytes(type);
+                for (int i = 0; i < 16; i++) memcpy(h[0] + i, xt + i * xs + bo, 2);
+                _mm256_storeu_ps(ac->dx[tt][g], _mm256_cvtph_ps(_mm_load_si128((const __m128i *)h[0])));
+                _mm256_storeu_ps(ac->dx[tt][g] + 8, _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(h[0] + 8))));
+                if (!act_q81(type)) continue;
+                for (int i = 0; i < 16; i++) memcpy(h[1] + i, xt + i * xs + bo + 2, 2);
+                _mm256_storeu_ps(ac->bs[tt][g], _mm256_cvtph_ps(_mm_load_si128((const __m128i *)h[1])));
+                _mm256_storeu_ps(ac->bs[tt][g] + 8, _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(h[1] + 8))));
             }
             continue;
         }
@@ -406,25 +439,30 @@ static inline __attribute__((always_inline)) void load_acts(const int type, stru
     }
 }
 
-/* ---- folding int32 tiles into y ---------------------------------------------
- * y rows of one tile: yb[i * ldy + 0..15] for tokens i in [lo, 16). */
+/* ---- folding int32 tiles into the float sums ------------------------------------
+ * Sums of one tile: yb[i * ldy + 0..15] for its 16 tokens i. */
 
+/* One row: y += (dw * d_x) * c, plus m_w * s_x for Q4_1/Q5_1 (mw != NULL). */
 static inline __attribute__((always_inline)) void fold(float *yb, int64_t ldy, const int32_t (*c)[16],
-                                                       const float *dw, const float *dx, int lo) {
-    const v16f dwv = LDF(dw);
-    for (int i = lo; i < 16; i++) {
+                                                       const float *dw, const float *dx, const float *mw,
+                                                       const float *sx) {
+    const v16f dwv = LDF(dw), mwv = mw ? (v16f)LDF(mw) : (v16f){0};
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
         float *yr = yb + i * ldy;
         const v16f cf = __builtin_convertvector(*(const v16i_u *)c[i], v16f);
-        STF(yr, VFMA(cf, dwv * dx[i], LDF(yr)));
+        v16f sum = VFMA(cf, dwv * dx[i], LDF(yr));
+        if (mw) sum = VFMA(mwv, (v16f){0} + sx[i], sum);
+        STF(yr, sum);
     }
 }
 
 /* y -= dmin * d_x * sum_j mins_j * bsums_j (the products and their sum are
  * integers below 2^24, exact in float). */
 static inline __attribute__((always_inline)) void fold_mins(float *yb, int64_t ldy, const struct pack *pk, int rt,
-                                                            const float (*bs)[16], int nm, const float *dx, int lo) {
+                                                            const float (*bs)[16], int nm, const float *dx) {
     const v16f dmin = LDF(pk->dmin + 16 * rt);
-    for (int i = lo; i < 16; i++) {
+    for (int i = 0; i < 16; i++) {
         v16f m = LDF(pk->mn[0] + 16 * rt) * bs[0][i];
         for (int j = 1; j < nm; j++) m = VFMA(LDF(pk->mn[j] + 16 * rt), (v16f){0} + bs[j][i], m);
         float *yr = yb + i * ldy;
@@ -433,77 +471,93 @@ static inline __attribute__((always_inline)) void fold_mins(float *yb, int64_t l
 }
 
 /* ---- the kernel ---------------------------------------------------------------
- * n_rows a multiple of 16, n_tok >= 16.  Row panels of 32 (2 B tiles), then
- * chunks of 256 elements (packed once, reused by every token tile), then
- * pairs of 16-token tiles.  A token count that is not a multiple of 16 ends
- * with a tile overlapping the previous one; its first `lo` rows are skipped
- * when folding so each y element is summed once.  y is the accumulator. */
+ * n_rows a multiple of 16, n_tok >= 16.  Loops: row panels of 32 (2 B
+ * tiles); blocks of up to 8 token tiles (128 tokens); chunks of 256
+ * elements (packed once, reused by every token tile of the block); pairs of
+ * 16-token tiles; steps.  A token count that is not a multiple of 16 ends
+ * with a tile overlapping the previous one (its first `lo` tokens are not
+ * written back).  Sums go to acc, contiguous, and reach y once per panel and
+ * block: y rows are ldy floats apart, and a power-of-two ldy (4096) would
+ * put a tile's 16 rows in one L1 set. */
+#define BLOCK_TILES 8
+
 static inline __attribute__((always_inline)) void amx_body(const int type, int64_t n, const uint8_t *w, size_t ws,
                                                            int64_t n_rows, const uint8_t *x, size_t xs,
                                                            int64_t n_tok, float *y, int64_t ldy) {
     const int ks = step_elems(type), nm = n_mins(type);
-    const size_t a_step = act_q8k(type) ? (size_t)ks : 34;
+    const size_t a_step = act_q8k(type) ? (size_t)ks : ablock_bytes(type);
     struct pack pk;
     struct acts ac;
     _Alignas(64) int32_t cb[4][16][16];
+    _Alignas(64) float acc[BLOCK_TILES][16][32]; /* [tile][token][row] */
     const int64_t n_chunks = (n + CHUNK - 1) / CHUNK, n_tt = (n_tok + 15) / 16;
 
-    for (int64_t t = 0; t < n_tok; t++) memset(y + t * ldy, 0, (size_t)n_rows * sizeof(float));
     for (int64_t r0 = 0; r0 < n_rows; r0 += 32) {
         const int nrt = n_rows - r0 >= 32 ? 2 : 1;
-        for (int64_t c = 0; c < n_chunks; c++) {
-            const int ng = (int)SP_MIN(8, (n - c * CHUNK) / 32), n_steps = ng * 32 / ks;
-            pack_panel(type, &pk, w + (size_t)r0 * ws, ws, nrt, c, ng, c + 1 < n_chunks);
-            const size_t a_off = act_q8k(type) ? (size_t)c * sizeof(struct sp_block_q8_k) + 4 : (size_t)c * 8 * 34 + 2;
-            for (int64_t p = 0; p < n_tt; p += 2) {
-                const int ntt = n_tt - p >= 2 ? 2 : 1;
-                int64_t ts[2] = {p * 16, p * 16 + 16};
-                int lo[2] = {0, 0};
-                for (int tt = 0; tt < ntt; tt++) {
-                    if (ts[tt] + 16 > n_tok) lo[tt] = (int)(ts[tt] + 16 - n_tok), ts[tt] = n_tok - 16;
-                }
-                load_acts(type, &ac, x, xs, ts, ntt, c, ng);
-                const uint8_t *a0 = x + (size_t)ts[0] * xs + a_off, *a1 = x + (size_t)ts[ntt - 1] * xs + a_off;
-                for (int s = 0; s < n_steps; s++) {
-                    TILE_LOAD(4, a0 + s * a_step, xs);
-                    TILE_LOAD(6, pk.b[0] + s * ks * 16, 64);
-                    TILE_ZERO(0);
-                    TILE_DP(0, 4, 6);
-                    if (nrt == 2) {
-                        TILE_LOAD(7, pk.b[1] + s * ks * 16, 64);
-                        TILE_ZERO(1);
-                        TILE_DP(1, 4, 7);
-                    }
-                    if (ntt == 2) {
-                        TILE_LOAD(5, a1 + s * a_step, xs);
-                        TILE_ZERO(2);
-                        TILE_DP(2, 5, 6);
+        for (int64_t b0 = 0; b0 < n_tt; b0 += BLOCK_TILES) {
+            const int nbt = (int)SP_MIN(BLOCK_TILES, n_tt - b0);
+            int64_t ts[BLOCK_TILES]; /* first token of each tile */
+            int lo[BLOCK_TILES];     /* tokens of an overlapping last tile already done by the one before */
+            for (int k = 0; k < nbt; k++) {
+                ts[k] = (b0 + k) * 16, lo[k] = 0;
+                if (ts[k] + 16 > n_tok) lo[k] = (int)(ts[k] + 16 - n_tok), ts[k] = n_tok - 16;
+            }
+            memset(acc, 0, sizeof acc);
+            for (int64_t c = 0; c < n_chunks; c++) {
+                const int ng = (int)SP_MIN(8, (n - c * CHUNK) / 32), n_steps = ng * 32 / ks;
+                pack_panel(type, &pk, w + (size_t)r0 * ws, ws, nrt, c, ng, c + 1 < n_chunks);
+                const size_t a_off = act_q8k(type) ? (size_t)c * sizeof(struct sp_block_q8_k) + 4
+                                                   : (size_t)c * 8 * ablock_bytes(type) + aqs_off(type);
+                for (int k = 0; k < nbt; k += 2) {
+                    const int ntt = nbt - k >= 2 ? 2 : 1;
+                    load_acts(type, &ac, x, xs, ts + k, ntt, c, ng);
+                    const uint8_t *a0 = x + (size_t)ts[k] * xs + a_off;
+                    const uint8_t *a1 = x + (size_t)ts[k + ntt - 1] * xs + a_off;
+                    for (int s = 0; s < n_steps; s++) {
+                        TILE_LOAD(4, a0 + s * a_step, xs);
+                        TILE_LOAD(6, pk.b[0] + s * ks * 16, 64);
+                        TILE_ZERO(0);
+                        TILE_DP(0, 4, 6);
                         if (nrt == 2) {
-                            TILE_ZERO(3);
-                            TILE_DP(3, 5, 7);
+                            TILE_LOAD(7, pk.b[1] + s * ks * 16, 64);
+                            TILE_ZERO(1);
+                            TILE_DP(1, 4, 7);
+                        }
+                        if (ntt == 2) {
+                            TILE_LOAD(5, a1 + s * a_step, xs);
+                            TILE_ZERO(2);
+                            TILE_DP(2, 5, 6);
+                            if (nrt == 2) {
+                                TILE_ZERO(3);
+                                TILE_DP(3, 5, 7);
+                            }
+                        }
+                        TILE_STORE(0, cb[0], 64);
+                        if (nrt == 2) TILE_STORE(1, cb[1], 64);
+                        if (ntt == 2) {
+                            TILE_STORE(2, cb[2], 64);
+                            if (nrt == 2) TILE_STORE(3, cb[3], 64);
+                        }
+                        const int sx = act_q8k(type) ? 0 : s;
+                        for (int tt = 0; tt < ntt; tt++) {
+                            for (int rt = 0; rt < nrt; rt++) {
+                                fold(acc[k + tt][0] + 16 * rt, 32, cb[2 * tt + rt], pk.dw[s] + 16 * rt,
+                                     ac.dx[tt][sx], act_q81(type) ? pk.mn[s] + 16 * rt : NULL, ac.bs[tt][s]);
+                            }
                         }
                     }
-                    TILE_STORE(0, cb[0], 64);
-                    if (nrt == 2) TILE_STORE(1, cb[1], 64);
-                    if (ntt == 2) {
-                        TILE_STORE(2, cb[2], 64);
-                        if (nrt == 2) TILE_STORE(3, cb[3], 64);
-                    }
-                    const int sx = act_q8k(type) ? 0 : s;
-                    for (int tt = 0; tt < ntt; tt++) {
-                        for (int rt = 0; rt < nrt; rt++) {
-                            fold(y + ts[tt] * ldy + r0 + 16 * rt, ldy, cb[2 * tt + rt], pk.dw[s] + 16 * rt,
-                                 ac.dx[tt][sx], lo[tt]);
+                    if (nm) {
+                        for (int tt = 0; tt < ntt; tt++) {
+                            for (int rt = 0; rt < nrt; rt++) {
+                                fold_mins(acc[k + tt][0] + 16 * rt, 32, &pk, rt, ac.bs[tt], nm, ac.dx[tt][0]);
+                            }
                         }
                     }
                 }
-                if (nm) {
-                    for (int tt = 0; tt < ntt; tt++) {
-                        for (int rt = 0; rt < nrt; rt++) {
-                            fold_mins(y + ts[tt] * ldy + r0 + 16 * rt, ldy, &pk, rt, ac.bs[tt], nm, ac.dx[tt][0],
-                                      lo[tt]);
-                        }
-                    }
+            }
+            for (int k = 0; k < nbt; k++) {
+                for (int i = lo[k]; i < 16; i++) {
+                    memcpy(y + (ts[k] + i) * ldy + r0, acc[k][i], (size_t)nrt * 16 * sizeof(float));
                 }
             }
         }
@@ -559,7 +613,9 @@ static inline __attribute__((always_inline)) void amx_gemm(const int type, int64
         amx_gemm(type, n, w, ws, n_rows, x, xs, n_tok, y, ldy);                                                 \
     }
 AMX_KERNEL(gemm_q4_0, SP_QTYPE_Q4_0)
+AMX_KERNEL(gemm_q4_1, SP_QTYPE_Q4_1)
 AMX_KERNEL(gemm_q5_0, SP_QTYPE_Q5_0)
+AMX_KERNEL(gemm_q5_1, SP_QTYPE_Q5_1)
 AMX_KERNEL(gemm_q8_0, SP_QTYPE_Q8_0)
 AMX_KERNEL(gemm_q2_k, SP_QTYPE_Q2_K)
 AMX_KERNEL(gemm_q3_k, SP_QTYPE_Q3_K)
@@ -570,7 +626,9 @@ AMX_KERNEL(gemm_q6_k, SP_QTYPE_Q6_K)
 static sp_gemm_fn kernel_of(uint32_t t) {
     switch (t) {
     case SP_QTYPE_Q4_0: return gemm_q4_0;
+    case SP_QTYPE_Q4_1: return gemm_q4_1;
     case SP_QTYPE_Q5_0: return gemm_q5_0;
+    case SP_QTYPE_Q5_1: return gemm_q5_1;
     case SP_QTYPE_Q8_0: return gemm_q8_0;
     case SP_QTYPE_Q2_K: return gemm_q2_k;
     case SP_QTYPE_Q3_K: return gemm_q3_k;
@@ -653,8 +711,8 @@ void sp_quant_register_amx(struct sp_qtraits *table, const struct sp_cpu_feature
         SP_LOG_D("%s: the OS refused AMX tile data (arch_prctl); AMX kernels not used", __func__);
         return;
     }
-    static const uint32_t types[] = {SP_QTYPE_Q4_0, SP_QTYPE_Q5_0, SP_QTYPE_Q8_0, SP_QTYPE_Q2_K,
-                                     SP_QTYPE_Q3_K, SP_QTYPE_Q4_K, SP_QTYPE_Q5_K, SP_QTYPE_Q6_K};
+    static const uint32_t types[] = {SP_QTYPE_Q4_0, SP_QTYPE_Q4_1, SP_QTYPE_Q5_0, SP_QTYPE_Q5_1, SP_QTYPE_Q8_0,
+                                     SP_QTYPE_Q2_K, SP_QTYPE_Q3_K, SP_QTYPE_Q4_K, SP_QTYPE_Q5_K, SP_QTYPE_Q6_K};
     for (size_t i = 0; i < SP_ARRAY_LEN(types); i++) {
         const uint32_t t = types[i];
         fb[t].gemm = table[t].gemm;

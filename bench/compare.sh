@@ -1,0 +1,137 @@
+#!/bin/sh
+# compare.sh MODEL [THREADS] -- Sparrow against llama.cpp on one model file,
+# the same prompt/generation lengths and threads, run alternately (Sparrow,
+# then llama-bench) for ROUNDS rounds so that a noisy machine hurts both
+# alike.  Prints a Markdown table of the medians (prefill and decode tok/s,
+# peak RSS) with Sparrow/peer ratios, and the memory-bandwidth bound on
+# decode: tok/s = read bandwidth (bench/membw, THREADS threads) / bytes a
+# decoded token reads (Sparrow's model_bytes_per_token), with each engine's
+# fraction of it.  docs/BENCHMARKS.md shows how the figures there were made.
+#
+# Environment:
+#   LLAMA_BENCH   path of llama.cpp's llama-bench (required)
+#   SPARROW       sparrow binary (default: build/sparrow beside this script)
+#   MEMBW         membw binary (default: build/bench/membw; built by `make bench`)
+#   ROUNDS        rounds, >= 3 recommended (default 3)
+#   N_PROMPT, N_GEN   prompt and generated tokens (default 128 and 32)
+#   SPARROW_ARGS  extra arguments for `sparrow bench` (e.g. "--weights mmap")
+#   LLAMA_ARGS    extra arguments for llama-bench (e.g. "-fa off")
+#   KEEP          a folder to keep the raw JSON and time(1) outputs in
+# Needs python3 (JSON) and GNU time at /usr/bin/time (Debian package `time`).
+set -eu
+
+usage() {
+    echo "usage: LLAMA_BENCH=/path/to/llama-bench $0 MODEL [THREADS]" >&2
+    exit 2
+}
+[ $# -ge 1 ] && [ $# -le 2 ] || usage
+MODEL=$1
+THREADS=${2:-2}
+root=$(cd "$(dirname "$0")/.." && pwd)
+SPARROW=${SPARROW:-$root/build/sparrow}
+MEMBW=${MEMBW:-$root/build/bench/membw}
+ROUNDS=${ROUNDS:-3}
+N_PROMPT=${N_PROMPT:-128}
+N_GEN=${N_GEN:-32}
+SPARROW_ARGS=${SPARROW_ARGS:-}
+LLAMA_ARGS=${LLAMA_ARGS:-}
+
+if [ -z "${LLAMA_BENCH:-}" ]; then
+    echo "compare.sh: LLAMA_BENCH is not set: point it at llama.cpp's llama-bench binary," >&2
+    echo "            e.g. LLAMA_BENCH=/work/peer/llama.cpp/build/bin/llama-bench (docs/BENCHMARKS.md says how to build it)" >&2
+    exit 2
+fi
+[ -x "$LLAMA_BENCH" ] || { echo "compare.sh: LLAMA_BENCH='$LLAMA_BENCH' is not an executable" >&2; exit 2; }
+[ -x "$SPARROW" ] || { echo "compare.sh: no sparrow binary at '$SPARROW' (run make, or set SPARROW)" >&2; exit 2; }
+[ -x "$MEMBW" ] || { echo "compare.sh: no membw binary at '$MEMBW' (run make bench, or set MEMBW)" >&2; exit 2; }
+[ -r "$MODEL" ] || { echo "compare.sh: cannot read model '$MODEL'" >&2; exit 2; }
+[ -x /usr/bin/time ] || { echo "compare.sh: /usr/bin/time is missing (install the Debian package 'time')" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "compare.sh: python3 is needed to read the JSON" >&2; exit 2; }
+case $THREADS in '' | *[!0-9]*) usage ;; esac
+case $ROUNDS in '' | *[!0-9]* | 0) echo "compare.sh: ROUNDS must be a positive integer" >&2; exit 2 ;; esac
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/sparrow-compare.XXXXXX")
+cleanup() {
+    if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$tmp"/* "$KEEP"/ 2>/dev/null || true; fi
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+echo "compare.sh: $(basename "$MODEL"), $THREADS threads, p=$N_PROMPT n=$N_GEN, $ROUNDS rounds" >&2
+r=1
+while [ "$r" -le "$ROUNDS" ]; do
+    echo "  round $r/$ROUNDS: sparrow bench ..." >&2
+    # shellcheck disable=SC2086 # SPARROW_ARGS is a word list on purpose
+    "$SPARROW" bench -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" --json $SPARROW_ARGS \
+        >"$tmp/sparrow.$r.json" 2>"$tmp/sparrow.$r.err" || {
+        echo "compare.sh: sparrow bench failed:" >&2; cat "$tmp/sparrow.$r.err" >&2; exit 1; }
+    echo "  round $r/$ROUNDS: llama-bench ..." >&2
+    # shellcheck disable=SC2086
+    /usr/bin/time -v -o "$tmp/llama.$r.time" "$LLAMA_BENCH" -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" \
+        -r 1 -o json $LLAMA_ARGS >"$tmp/llama.$r.json" 2>"$tmp/llama.$r.err" || {
+        echo "compare.sh: llama-bench failed:" >&2; tail -n 20 "$tmp/llama.$r.err" >&2; exit 1; }
+    r=$((r + 1))
+done
+echo "  membw: memory read bandwidth with $THREADS threads ..." >&2
+"$MEMBW" --threads "$THREADS" --json >"$tmp/membw.json"
+
+python3 - "$tmp" "$ROUNDS" "$MODEL" "$THREADS" <<'EOF'
+import json, os, re, statistics, sys
+
+tmp, rounds, model, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+med = statistics.median
+sp, ll_pp, ll_tg, ll_rss = [], [], [], []
+for r in range(1, rounds + 1):
+    sp.append(json.load(open(os.path.join(tmp, "sparrow.%d.json" % r))))
+    tests = json.load(open(os.path.join(tmp, "llama.%d.json" % r)))
+    for t in tests:
+        if t.get("n_prompt", 0) > 0 and t.get("n_gen", 0) == 0:
+            ll_pp.append(t["avg_ts"])
+        elif t.get("n_gen", 0) > 0 and t.get("n_prompt", 0) == 0:
+            ll_tg.append(t["avg_ts"])
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(os.path.join(tmp, "llama.%d.time" % r)).read())
+    ll_rss.append(int(m.group(1)) * 1024 if m else float("nan"))
+peer = tests[0] if tests else {}
+bw = json.load(open(os.path.join(tmp, "membw.json")))
+bw_gbps = next(x["gbps_median"] for x in bw["results"] if x["threads"] == threads)
+bpt = sp[0]["model_bytes_per_token"]
+bound = bw_gbps * 1e9 / bpt
+
+def col(key):
+    return [s[key] for s in sp if s.get(key) is not None]
+
+s_pp, s_tg, s_rss = med(col("prefill_tps")), med(col("decode_tps")), med(col("peak_rss_bytes"))
+p_pp, p_tg, p_rss = med(ll_pp), med(ll_tg), med(ll_rss)
+MiB = 1048576.0
+def ratio(a, b):
+    return "%.2f" % (a / b) if b else "-"
+def spread(v):
+    return "%.0f%%" % (100.0 * (max(v) - min(v)) / med(v)) if len(v) > 1 and med(v) else "-"
+
+print("model: %s (%.2f GiB of tensors, %.1f MiB read per decoded token)" %
+      (os.path.basename(model), sp[0]["model_tensor_bytes"] / 1073741824.0, bpt / MiB))
+print("threads %d, prompt %d, gen %d, %d rounds (medians; spread = (max-min)/median over the rounds)" %
+      (threads, sp[0]["n_prompt"], sp[0]["n_gen"], rounds))
+print("peer: llama.cpp build %s (%s), %s, flash_attn %s, type_k %s, n_batch %s, n_ubatch %s" %
+      (peer.get("build_commit", "?"), peer.get("build_number", "?"), peer.get("backends", "?"),
+       peer.get("flash_attn", "?"), peer.get("type_k", "?"), peer.get("n_batch", "?"), peer.get("n_ubatch", "?")))
+print("sparrow: weights %s, kv %s, batch %s" % (sp[0].get("weights", "?"), sp[0].get("kv_type", "?"),
+                                                  sp[0].get("n_batch") or "default"))
+print()
+print("| metric | Sparrow | llama.cpp | Sparrow / llama.cpp | spread (S / L) |")
+print("|---|---:|---:|---:|---:|")
+print("| prefill tok/s (pp%d) | %.2f | %.2f | %s | %s / %s |" % (sp[0]["n_prompt"], s_pp, p_pp, ratio(s_pp, p_pp),
+                                                                 spread(col("prefill_tps")), spread(ll_pp)))
+print("| decode tok/s (tg%d) | %.2f | %.2f | %s | %s / %s |" % (sp[0]["n_gen"], s_tg, p_tg, ratio(s_tg, p_tg),
+                                                                spread(col("decode_tps")), spread(ll_tg)))
+print("| decode ms/token | %.1f | %.1f | %s | |" % (1000.0 / s_tg, 1000.0 / p_tg, ratio(p_tg, s_tg)))
+print("| peak RSS MiB | %.0f | %.0f | %s | %s / %s |" % (s_rss / MiB, p_rss / MiB, ratio(s_rss, p_rss),
+                                                        spread(col("peak_rss_bytes")), spread(ll_rss)))
+print("| load s (Sparrow: load + session) | %.2f | - | | %s / - |" % (med(col("load_s")), spread(col("load_s"))))
+print("| time to first token s | %.2f | - | | %s / - |" % (med(col("ttft_s")), spread(col("ttft_s"))))
+print()
+print("memory bandwidth (membw, %d threads, %s loads): %.2f GB/s -> decode bound %.2f tok/s" %
+      (threads, bw.get("kernel", "?"), bw_gbps, bound))
+print("fraction of the bound: Sparrow %.0f%%, llama.cpp %.0f%%" % (100.0 * s_tg / bound, 100.0 * p_tg / bound))
+EOF

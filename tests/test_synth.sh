@@ -1,0 +1,159 @@
+#!/bin/sh
+# test_synth.sh -- black-box tests of `sparrow synth` and `sparrow bench`:
+# usage errors, --list, every file type of the tiny shape written and run,
+# atomic output (a failed write leaves no file and no temporary behind), and
+# bench's table and JSON (keys present, numbers positive).  The numerics of
+# synth are tested in test_synth.c.  Run by tests/run.sh with SPARROW = the
+# binary.  Needs python3 to read the JSON.
+set -u
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+SPARROW=${SPARROW:-$root/build/sparrow}
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/sparrow-synth.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' INT TERM
+
+n_pass=0
+n_fail=0
+ok() { n_pass=$((n_pass + 1)); echo "ok   $1"; }
+bad() {
+    n_fail=$((n_fail + 1))
+    echo "FAIL $1"
+    shift
+    for line in "$@"; do echo "     $line"; done
+}
+sp() {
+    "$SPARROW" "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+}
+show_err() { printf 'stderr: %s' "$(head -c 400 "$tmp/err")"; }
+t_rc() {
+    if [ "$rc" -eq "$2" ]; then ok "$1: exit $2"; else bad "$1: exit $rc, want $2" "$(show_err)"; fi
+}
+t_usage() {
+    name=$1; shift
+    sp "$@"
+    t_rc "$name" 2
+    lines=$(wc -l <"$tmp/err" | tr -d ' ')
+    if [ "$lines" = 1 ] && grep -q '^sparrow: ' "$tmp/err" && [ ! -s "$tmp/out" ]; then ok "$name: one-line error"; else
+        bad "$name: want one 'sparrow: ' line on stderr and nothing on stdout" "$(show_err)"; fi
+}
+t_has() { # t_has NAME FILE STRING...
+    name=$1; hf=$2; shift 2
+    for s in "$@"; do
+        if grep -qF -e "$s" "$hf"; then ok "$name: has '$s'"; else bad "$name: lacks '$s'" "$(head -c 400 "$hf")"; fi
+    done
+}
+t_nofile() { # t_nofile NAME PATH: neither PATH nor a temporary of it exists
+    if [ ! -e "$2" ] && [ -z "$(ls "$tmp" | grep -F "$(basename "$2").tmp." || true)" ]; then ok "$1: no file left"; else
+        bad "$1: a file was left behind" "$(ls -la "$tmp")"; fi
+}
+
+# ---- help and usage errors -------------------------------------------------------
+sp --help
+t_has "--help" "$tmp/out" "synth" "bench"
+sp synth --help
+t_rc "synth --help" 0
+t_has "synth --help" "$tmp/out" "--shape" "--type" "-o, --output" "--seed" "--list" "q4_k_m"
+sp bench --help
+t_rc "bench --help" 0
+t_has "bench --help" "$tmp/out" "-p, --n-prompt" "-n, --n-gen" "-r, --reps" "-t, --threads" "-c, --ctx-size" \
+    "-b, --batch" "--json" "--cold" "peak_rss_bytes" "bytes_read_per_token"
+sp run --help
+t_has "run --help" "$tmp/out" "-b, --batch"
+
+t_usage "synth: no shape" synth --type q4_0 -o "$tmp/x.gguf"
+t_usage "synth: no type" synth --shape tiny -o "$tmp/x.gguf"
+t_usage "synth: no output" synth --shape tiny --type q4_0
+t_usage "synth: bad shape" synth --shape llama-9b --type q4_0 -o "$tmp/x.gguf"
+t_has "synth: bad shape" "$tmp/err" "unknown shape 'llama-9b'"
+t_usage "synth: bad type" synth --shape tiny --type q3_k -o "$tmp/x.gguf"
+t_has "synth: bad type" "$tmp/err" "unknown type 'q3_k'"
+t_usage "synth: bad seed" synth --shape tiny --type q4_0 -o "$tmp/x.gguf" --seed -1
+t_usage "synth: stray argument" synth --shape tiny --type q4_0 -o "$tmp/x.gguf" extra
+t_nofile "synth: usage errors" "$tmp/x.gguf"
+t_usage "bench: no model" bench -p 8
+t_usage "bench: -p 0" bench -m x.gguf -p 0
+t_usage "bench: -r 0" bench -m x.gguf -r 0
+t_usage "bench: ctx too small" bench -m x.gguf -p 8 -n 8 -c 10
+t_usage "run: -b -1" run -m x.gguf -b -1
+
+# ---- --list --------------------------------------------------------------------------
+sp synth --list
+t_rc "synth --list" 0
+t_has "synth --list" "$tmp/out" "tiny" "llama-7b" "llama3-8b" "llama-34b" "qwen3-30b-a3b" "f16" "bf16" "q8_0" \
+    "q4_0" "q4_k_m" "GiB"
+
+# ---- every type writes a file that runs --------------------------------------------
+for t in f16 bf16 q8_0 q4_0 q4_k_m; do
+    f="$tmp/tiny-$t.gguf"
+    sp synth --shape tiny --type "$t" -o "$f" --seed 5 -t 2
+    t_rc "synth tiny $t" 0
+    t_has "synth tiny $t" "$tmp/err" "wrote $f"
+    sp run -m "$f" -p "hi" -n 8 --temp 0 -t 1 -b 4
+    t_rc "run tiny $t" 0
+    if [ -s "$tmp/out" ]; then ok "run tiny $t: output"; else bad "run tiny $t: no output" "$(show_err)"; fi
+done
+sp inspect "$tmp/tiny-q4_k_m.gguf"
+t_has "inspect tiny q4_k_m" "$tmp/out" "sparrow-synth tiny q4_k_m" "Q6_K" "Q4_K" "sparrow.synth.seed"
+sp synth --shape tiny --type q4_0 -o "$tmp/again.gguf" --seed 5 -t 1 -q
+t_rc "synth -q" 0
+if [ ! -s "$tmp/err" ]; then ok "synth -q: quiet"; else bad "synth -q: stderr not empty" "$(show_err)"; fi
+if cmp -s "$tmp/again.gguf" "$tmp/tiny-q4_0.gguf"; then ok "synth: same seed, same bytes"; else
+    bad "synth: same seed and type gave different files"; fi
+
+# ---- atomic output ----------------------------------------------------------------------
+sp synth --shape tiny --type q4_0 -o "$tmp/no/such/dir/x.gguf"
+t_rc "synth: missing folder" 1
+if grep -q '^sparrow: .*no/such/dir' "$tmp/err"; then ok "synth: missing folder message"; else
+    bad "synth: missing folder message" "$(show_err)"; fi
+# A write that fails midway (file size limit; SIGXFSZ ignored so write() fails
+# with EFBIG): exit 1, no file, no temporary, an existing file untouched.
+printf 'old' >"$tmp/keep.gguf"
+(trap '' XFSZ; ulimit -f 200; exec "$SPARROW" synth --shape tiny --type f16 -o "$tmp/keep.gguf" -q) >"$tmp/out" 2>"$tmp/err"
+rc=$?
+t_rc "synth: disk full midway" 1
+if [ "$(cat "$tmp/keep.gguf")" = old ]; then ok "synth: existing file untouched"; else bad "synth: existing file changed"; fi
+rm -f "$tmp/keep.gguf"
+t_nofile "synth: disk full midway" "$tmp/keep.gguf"
+
+# ---- bench ----------------------------------------------------------------------------------
+sp bench -m "$tmp/tiny-q4_0.gguf" -p 16 -n 4 -r 2 -t 1
+t_rc "bench table" 0
+t_has "bench table" "$tmp/out" "prefill t/s" "decode t/s" "peak RSS MiB" "med"
+sp bench -m "$tmp/tiny-q4_k_m.gguf" -p 16 -n 4 -r 3 -t 2 -b 8 --json
+t_rc "bench --json" 0
+if python3 - "$tmp/out" <<'EOF' >"$tmp/py" 2>&1
+import json, sys
+d = json.load(open(sys.argv[1]))
+pos = ["load_s", "ttft_s", "prefill_tps", "decode_tps", "decode_ms_per_token", "peak_rss_bytes", "rchar",
+       "model_bytes_per_token", "model_file_size"]
+nonneg = ["bytes_read", "bytes_read_per_token"]
+for k in pos + nonneg + ["model", "threads", "n_prompt", "n_gen", "reps", "runs"]:
+    assert k in d, "missing key " + k
+for k in pos:
+    assert d[k] > 0, "%s = %r" % (k, d[k])
+for k in nonneg:
+    assert d[k] >= 0, "%s = %r" % (k, d[k])
+assert d["threads"] == 2 and d["n_prompt"] == 16 and d["n_gen"] == 4 and d["reps"] == 3 and d["n_batch"] == 8
+assert len(d["runs"]) == 3
+for r in d["runs"]:
+    for k in ["load_s", "ttft_s", "prefill_tps", "decode_tps", "decode_ms_per_token", "peak_rss_bytes"]:
+        assert r[k] > 0, "run %s = %r" % (k, r[k])
+    assert r["bytes_read"] >= 0 and r["bytes_read_per_token"] >= 0
+# the top level holds the medians
+for k in ["prefill_tps", "decode_tps", "peak_rss_bytes"]:
+    assert sorted(r[k] for r in d["runs"])[1] == d[k], k
+assert abs(d["decode_ms_per_token"] * d["decode_tps"] - 1000) < 1e-3 * 1000 or len(d["runs"]) > 1
+EOF
+then ok "bench --json: keys and values"; else bad "bench --json" "$(cat "$tmp/py")" "$(head -c 400 "$tmp/out")"; fi
+sp bench -m "$tmp/tiny-q4_0.gguf" -p 8 -n 0 -r 1 --cold --json
+t_rc "bench -n 0 --cold" 0
+if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["cold"] and d["decode_tps"] is None and d["prefill_tps"] > 0' "$tmp/out" 2>"$tmp/py"; then
+    ok "bench -n 0: decode is null"; else bad "bench -n 0" "$(cat "$tmp/py")" "$(head -c 300 "$tmp/out")"; fi
+sp bench -m "$tmp/missing.gguf" -p 8 -n 2 -r 1
+t_rc "bench: missing model" 1
+
+echo "$n_pass passed, $n_fail failed"
+[ "$n_fail" -eq 0 ]
