@@ -16,7 +16,6 @@
 #ifndef SP_ARM_KERNELS_H
 #define SP_ARM_KERNELS_H
 
-#include "core/core.h"
 #include "quant/quant.h"
 #include "quant/types.h"
 

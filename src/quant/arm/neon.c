@@ -9,6 +9,7 @@
  */
 #include "quant/isa.h"
 
+#include "core/core.h"
 #include "quant/ref.h"
 #include "quant/types.h"
 
