@@ -83,64 +83,13 @@ struct sym {
     uint32_t off, n; /* bytes in the encoded word; n == 0 once merged away */
 };
 
-struct bigram {
-    int32_t rank;
-    int32_t left, right;
-    uint32_t size;
-};
-
-/* llama.cpp's comparator as a min-heap: lowest rank, then leftmost. */
-static bool before(const struct bigram *a, const struct bigram *b) {
-    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-struct heap {
-    struct bigram *b;
-    size_t n, cap;
-};
-
-static sp_status heap_push(struct heap *h, struct bigram x) {
-    if (h->n == h->cap) {
-        const size_t cap = h->cap ? h->cap * 2 : 64;
-        struct bigram *p = sp_realloc(h->b, cap * sizeof *p);
-        if (!p) return sp_err(SP_E_NOMEM, "sp_bpe_encode: %zu queued pairs", cap);
-        h->b = p;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        const size_t parent = (i - 1) / 2;
-        if (!before(&x, &h->b[parent])) break;
-        h->b[i] = h->b[parent];
-        i = parent;
-    }
-    h->b[i] = x;
-    return SP_OK;
-}
-
-static struct bigram heap_pop(struct heap *h) {
-    const struct bigram top = h->b[0];
-    const struct bigram last = h->b[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && before(&h->b[c + 1], &h->b[c])) c++;
-        if (!before(&h->b[c], &last)) break;
-        h->b[i] = h->b[c];
-        i = c;
-    }
-    if (h->n) h->b[i] = last;
-    return top;
-}
-
 /* Per-call scratch, grown as words need it. */
 struct work {
     char *enc;     /* the byte-encoded word */
     char *key;     /* "left right" lookup key */
     struct sym *s; /* one per byte of the word */
     size_t cap;    /* bytes of the longest word seen */
-    struct heap h;
+    struct sp_tok_heap h;
 };
 
 static sp_status work_reserve(struct work *w, size_t n_bytes) {
@@ -173,7 +122,7 @@ static sp_status add_pair(const struct sp_tokenizer *t, struct work *w, int32_t 
     if (left < 0 || right < 0) return SP_OK;
     const int32_t rank = pair_rank(t, w, &w->s[left], &w->s[right]);
     if (rank < 0) return SP_OK;
-    return heap_push(&w->h, (struct bigram){rank, left, right, w->s[left].n + w->s[right].n});
+    return sp_tok_heap_push(&w->h, (struct sp_tok_bigram){-(double)rank, left, right, w->s[left].n + w->s[right].n});
 }
 
 /* Merge one pre-tokenized word and append its tokens. */
@@ -197,7 +146,7 @@ static sp_status encode_word(const struct sp_tokenizer *t, struct work *w, const
     w->h.n = 0;
     for (size_t i = 1; rc == SP_OK && i < len; i++) rc = add_pair(t, w, (int32_t)i - 1, (int32_t)i);
     while (rc == SP_OK && w->h.n > 0) {
-        const struct bigram b = heap_pop(&w->h);
+        const struct sp_tok_bigram b = sp_tok_heap_pop(&w->h);
         struct sym *l = &w->s[b.left], *r = &w->s[b.right];
         /* Both alive means adjacent, so equal size means equal text: the
          * same test as llama.cpp's string compare. */

@@ -16,74 +16,22 @@ struct sym {
     uint32_t off, n;    /* bytes of the symbol in the text; n == 0 once merged away */
 };
 
-struct bigram {
-    float score;
-    int32_t left, right;
-    uint32_t size; /* bytes of left + right when queued; stale if they changed */
-};
-
-/* Max-heap order of llama.cpp's comparator: higher score first, then the
- * leftmost pair. */
-static bool before(const struct bigram *a, const struct bigram *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-struct heap {
-    struct bigram *b;
-    size_t n, cap;
-};
-
-static sp_status heap_push(struct heap *h, struct bigram x) {
-    if (h->n == h->cap) {
-        const size_t cap = h->cap ? h->cap * 2 : 64;
-        struct bigram *p = sp_realloc(h->b, cap * sizeof *p);
-        if (!p) return sp_err(SP_E_NOMEM, "sp_spm_encode: %zu queued pairs", cap);
-        h->b = p;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        const size_t parent = (i - 1) / 2;
-        if (!before(&x, &h->b[parent])) break;
-        h->b[i] = h->b[parent];
-        i = parent;
-    }
-    h->b[i] = x;
-    return SP_OK;
-}
-
-static struct bigram heap_pop(struct heap *h) {
-    const struct bigram top = h->b[0];
-    const struct bigram last = h->b[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && before(&h->b[c + 1], &h->b[c])) c++;
-        if (!before(&h->b[c], &last)) break;
-        h->b[i] = h->b[c];
-        i = c;
-    }
-    if (h->n) h->b[i] = last;
-    return top;
-}
-
 /* Queue the pair (left, right) if its concatenation is a token. */
 static sp_status try_pair(const struct sp_tokenizer *t, const char *text, const struct sym *s, int32_t left,
-                          int32_t right, struct heap *h) {
+                          int32_t right, struct sp_tok_heap *h) {
     if (left < 0 || right < 0) return SP_OK;
     const uint32_t size = s[left].n + s[right].n;
     const int32_t id = sp_tok_map_find(&t->tokens, text + s[left].off, size);
     if (id < 0) return SP_OK;
     const float score = t->v->scores ? t->v->scores[id] : 0.0f;
-    return heap_push(h, (struct bigram){score, left, right, size});
+    return sp_tok_heap_push(h, (struct sp_tok_bigram){score, left, right, size});
 }
 
 /* Tokenize one fragment; see tok_internal.h.  Per-call scratch only. */
 sp_status sp_spm_encode(const struct sp_tokenizer *t, const char *text, size_t len, struct sp_tok_vec *out) {
     static const uint8_t utf8_len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     sp_status rc = SP_OK;
-    struct heap h = {0};
+    struct sp_tok_heap h = {0};
     if (len == 0) return SP_OK;
     if (len > (size_t)INT32_MAX) return sp_err(SP_E_INVALID, "%s: fragment of %zu bytes is too long", __func__, len);
     struct sym *s = sp_malloc(len * sizeof *s);
@@ -101,7 +49,7 @@ sp_status sp_spm_encode(const struct sp_tokenizer *t, const char *text, size_t l
 
     for (int32_t i = 1; rc == SP_OK && i < n_sym; i++) rc = try_pair(t, text, s, i - 1, i, &h);
     while (rc == SP_OK && h.n > 0) {
-        const struct bigram b = heap_pop(&h);
+        const struct sp_tok_bigram b = sp_tok_heap_pop(&h);
         struct sym *l = &s[b.left], *r = &s[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size) continue; /* stale */
         l->n += r->n;

@@ -89,6 +89,29 @@ void sp_pretok_free(struct sp_pretok *p);
  * first).  Thread-safe.  SP_E_NOMEM, SP_E_INVALID when PCRE2 fails. */
 sp_status sp_pretok_split(const struct sp_pretok *p, const char *text, size_t len, struct sp_span_vec *out);
 
+
+/* A candidate merge of adjacent symbols left and right, as both tokenizers
+ * queue them: the highest prio comes first (SPM: the merged token's score;
+ * BPE: minus the merge rank), then the leftmost pair, as llama.cpp orders
+ * them.  size is the bytes of left + right when queued; a popped pair whose
+ * symbols changed size since is stale and skipped. */
+struct sp_tok_bigram {
+    double prio;
+    int32_t left, right;
+    uint32_t size;
+};
+
+/* Binary heap of bigrams; {0} is empty; free b with sp_free. */
+struct sp_tok_heap {
+    struct sp_tok_bigram *b;
+    size_t n, cap;
+};
+
+/* SP_E_NOMEM when growing fails (the heap is unchanged). */
+sp_status sp_tok_heap_push(struct sp_tok_heap *h, struct sp_tok_bigram x);
+/* note: call only with h->n > 0. */
+struct sp_tok_bigram sp_tok_heap_pop(struct sp_tok_heap *h);
+
 /* ---- the tokenizer object ------------------------------------------------ */
 struct sp_tokenizer {
     const struct sp_vocab_data *v; /* borrowed */

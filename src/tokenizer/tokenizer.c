@@ -723,3 +723,44 @@ sp_status sp_tokenizer_decode(const struct sp_tokenizer *t, const int32_t *ids, 
 bool sp_tokenizer_is_eog(const struct sp_tokenizer *t, int32_t id) {
     return id >= 0 && (uint32_t)id < t->n_tokens && (t->attr[id] & SP_TOK_ATTR_EOG);
 }
+
+/* ---- bigram heap shared by the SPM and BPE merge loops ----------------- */
+
+static bool heap_before(const struct sp_tok_bigram *a, const struct sp_tok_bigram *b) {
+    return a->prio > b->prio || (a->prio == b->prio && a->left < b->left);
+}
+
+sp_status sp_tok_heap_push(struct sp_tok_heap *h, struct sp_tok_bigram x) {
+    if (h->n == h->cap) {
+        const size_t cap = h->cap ? h->cap * 2 : 64;
+        struct sp_tok_bigram *p = sp_realloc(h->b, cap * sizeof *p);
+        if (!p) return sp_err(SP_E_NOMEM, "%s: %zu queued pairs", __func__, cap);
+        h->b = p;
+        h->cap = cap;
+    }
+    size_t i = h->n++;
+    while (i > 0) {
+        const size_t parent = (i - 1) / 2;
+        if (!heap_before(&x, &h->b[parent])) break;
+        h->b[i] = h->b[parent];
+        i = parent;
+    }
+    h->b[i] = x;
+    return SP_OK;
+}
+
+struct sp_tok_bigram sp_tok_heap_pop(struct sp_tok_heap *h) {
+    const struct sp_tok_bigram top = h->b[0];
+    const struct sp_tok_bigram last = h->b[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && heap_before(&h->b[c + 1], &h->b[c])) c++;
+        if (!heap_before(&h->b[c], &last)) break;
+        h->b[i] = h->b[c];
+        i = c;
+    }
+    if (h->n) h->b[i] = last;
+    return top;
+}
