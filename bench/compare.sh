@@ -59,6 +59,12 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 
 echo "compare.sh: $(basename "$MODEL"), $THREADS threads, p=$N_PROMPT n=$N_GEN, $ROUNDS rounds" >&2
+# Memory bandwidth before and after the rounds (the higher median is the
+# bound: contention from other work only lowers it), and the load average,
+# which says how quiet the machine was.
+echo "  membw: memory read bandwidth with $THREADS threads ..." >&2
+"$MEMBW" --threads "$THREADS" --json >"$tmp/membw.0.json"
+cut -d' ' -f1-3 /proc/loadavg >"$tmp/loadavg.start"
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
     echo "  round $r/$ROUNDS: sparrow bench ..." >&2
@@ -73,8 +79,9 @@ while [ "$r" -le "$ROUNDS" ]; do
         echo "compare.sh: llama-bench failed:" >&2; tail -n 20 "$tmp/llama.$r.err" >&2; exit 1; }
     r=$((r + 1))
 done
+cut -d' ' -f1-3 /proc/loadavg >"$tmp/loadavg.end"
 echo "  membw: memory read bandwidth with $THREADS threads ..." >&2
-"$MEMBW" --threads "$THREADS" --json >"$tmp/membw.json"
+"$MEMBW" --threads "$THREADS" --json >"$tmp/membw.1.json"
 
 python3 - "$tmp" "$ROUNDS" "$MODEL" "$THREADS" <<'EOF'
 import json, os, re, statistics, sys
@@ -93,8 +100,10 @@ for r in range(1, rounds + 1):
     m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(os.path.join(tmp, "llama.%d.time" % r)).read())
     ll_rss.append(int(m.group(1)) * 1024 if m else float("nan"))
 peer = tests[0] if tests else {}
-bw = json.load(open(os.path.join(tmp, "membw.json")))
-bw_gbps = next(x["gbps_median"] for x in bw["results"] if x["threads"] == threads)
+bws = [json.load(open(os.path.join(tmp, "membw.%d.json" % k))) for k in (0, 1)]
+bw_all = [next(x["gbps_median"] for x in b["results"] if x["threads"] == threads) for b in bws]
+bw, bw_gbps = bws[0], max(bw_all)
+load = [open(os.path.join(tmp, "loadavg." + k)).read().split() for k in ("start", "end")]
 bpt = sp[0]["model_bytes_per_token"]
 bound = bw_gbps * 1e9 / bpt
 
@@ -131,7 +140,15 @@ print("| peak RSS MiB | %.0f | %.0f | %s | %s / %s |" % (s_rss / MiB, p_rss / Mi
 print("| load s (Sparrow: load + session) | %.2f | - | | %s / - |" % (med(col("load_s")), spread(col("load_s"))))
 print("| time to first token s | %.2f | - | | %s / - |" % (med(col("ttft_s")), spread(col("ttft_s"))))
 print()
-print("memory bandwidth (membw, %d threads, %s loads): %.2f GB/s -> decode bound %.2f tok/s" %
-      (threads, bw.get("kernel", "?"), bw_gbps, bound))
+print("memory bandwidth (membw, %d threads, %s loads, median of 5 passes; before / after the rounds): "
+      "%.2f / %.2f GB/s -> decode bound %.2f tok/s" % (threads, bw.get("kernel", "?"), bw_all[0], bw_all[1], bound))
 print("fraction of the bound: Sparrow %.0f%%, llama.cpp %.0f%%" % (100.0 * s_tg / bound, 100.0 * p_tg / bound))
+print()
+print("load average (1/5/15 min) at the start: %s, at the end: %s" % (" ".join(load[0]), " ".join(load[1])))
+print("per round: Sparrow prefill/decode tok/s | llama.cpp prefill/decode tok/s")
+for r in range(rounds):
+    pp = ll_pp[r] if r < len(ll_pp) else float("nan")
+    tg = ll_tg[r] if r < len(ll_tg) else float("nan")
+    dec = sp[r]["decode_tps"] if sp[r]["decode_tps"] is not None else float("nan")
+    print("  %d: %.2f / %.2f | %.2f / %.2f" % (r + 1, sp[r]["prefill_tps"], dec, pp, tg))
 EOF

@@ -444,11 +444,14 @@ static sp_status set_meta(struct sp_gguf_writer *w, const struct shape *s, enum 
 
 /* ---- public API --------------------------------------------------------------- */
 
+/* Defaults: no shape, type or path (the caller must set them), seed 0, one
+ * thread, no progress callback. */
 struct sp_synth_params sp_synth_default_params(void) {
     return (struct sp_synth_params){.shape = NULL, .type = NULL, .path = NULL, .seed = 0, .n_threads = 0,
                                     .progress = NULL, .progress_user = NULL};
 }
 
+/* Number of shapes; indices 0..n-1 are valid for sp_synth_get_shape. */
 int32_t sp_synth_n_shapes(void) {
     return (int32_t)SP_ARRAY_LEN(shapes);
 }
@@ -469,6 +472,7 @@ sp_status sp_synth_get_shape(int32_t i, struct sp_synth_shape_info *out) {
     return SP_OK;
 }
 
+/* Number of file types; indices 0..n-1 are valid for sp_synth_type_name. */
 int32_t sp_synth_n_types(void) {
     return FT_COUNT;
 }
