@@ -403,6 +403,26 @@ static sp_status load_model(const char *path, const char *tokenizer, bool vocab_
     return sp_model_load(path, &mp, out);
 }
 
+/* The session options run and bench share: -t, -c, -b, --kv-type.  Returns
+ * 1 when argv[i] was one of them (and stores its value in sp), else 0. */
+static int session_opt(struct argp *a, struct sp_session_params *sp) {
+    if (opt_is(a, "-t", "--threads")) {
+        sp->n_threads = (int32_t)parse_int(a, opt_value(a), 1, MAX_THREADS);
+    } else if (opt_is(a, "-c", "--ctx-size")) {
+        sp->n_ctx = (int32_t)parse_int(a, opt_value(a), 0, INT32_MAX);
+    } else if (opt_is(a, "-b", "--batch")) {
+        sp->n_batch = (int32_t)parse_int(a, opt_value(a), 0, MAX_BATCH);
+    } else if (opt_is(a, NULL, "--kv-type")) {
+        const char *v = opt_value(a);
+        if (strcmp(v, "f32") == 0) sp->kv_type = SP_KV_F32;
+        else if (strcmp(v, "f16") == 0) sp->kv_type = SP_KV_F16;
+        else usage_error(a->cmd, "%s: expected f32 or f16, got '%s'", a->name, v);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 /* ---- run ------------------------------------------------------------------------ */
 
 static int cmd_run(int argc, char **argv) {
@@ -448,17 +468,8 @@ static int cmd_run(int argc, char **argv) {
         } else if (opt_is(&a, NULL, "--seed")) {
             sp.seed = parse_u64(&a, opt_value(&a));
             have_seed = true;
-        } else if (opt_is(&a, "-t", "--threads")) {
-            sp.n_threads = (int32_t)parse_int(&a, opt_value(&a), 1, MAX_THREADS);
-        } else if (opt_is(&a, "-c", "--ctx-size")) {
-            sp.n_ctx = (int32_t)parse_int(&a, opt_value(&a), 0, INT32_MAX);
-        } else if (opt_is(&a, "-b", "--batch")) {
-            sp.n_batch = (int32_t)parse_int(&a, opt_value(&a), 0, MAX_BATCH);
-        } else if (opt_is(&a, NULL, "--kv-type")) {
-            const char *v = opt_value(&a);
-            if (strcmp(v, "f32") == 0) sp.kv_type = SP_KV_F32;
-            else if (strcmp(v, "f16") == 0) sp.kv_type = SP_KV_F16;
-            else usage_error(a.cmd, "%s: expected f32 or f16, got '%s'", a.name, v);
+        } else if (session_opt(&a, &sp)) {
+            /* -t, -c, -b, --kv-type */
         } else if (opt_is(&a, NULL, "--tokenizer")) {
             tokenizer = opt_value(&a);
         } else if (opt_is(&a, "-v", "--verbose")) {
@@ -1342,17 +1353,8 @@ static int cmd_bench(int argc, char **argv) {
             n_gen = parse_int(&a, opt_value(&a), 0, MAX_BATCH);
         } else if (opt_is(&a, "-r", "--reps")) {
             reps = parse_int(&a, opt_value(&a), 1, 1000);
-        } else if (opt_is(&a, "-t", "--threads")) {
-            sp.n_threads = (int32_t)parse_int(&a, opt_value(&a), 1, MAX_THREADS);
-        } else if (opt_is(&a, "-c", "--ctx-size")) {
-            sp.n_ctx = (int32_t)parse_int(&a, opt_value(&a), 0, INT32_MAX);
-        } else if (opt_is(&a, "-b", "--batch")) {
-            sp.n_batch = (int32_t)parse_int(&a, opt_value(&a), 0, MAX_BATCH);
-        } else if (opt_is(&a, NULL, "--kv-type")) {
-            const char *v = opt_value(&a);
-            if (strcmp(v, "f32") == 0) sp.kv_type = SP_KV_F32;
-            else if (strcmp(v, "f16") == 0) sp.kv_type = SP_KV_F16;
-            else usage_error(a.cmd, "%s: expected f32 or f16, got '%s'", a.name, v);
+        } else if (session_opt(&a, &sp)) {
+            /* -t, -c, -b, --kv-type */
         } else if (opt_is(&a, NULL, "--weights")) {
             const char *v = opt_value(&a);
             if (strcmp(v, "auto") == 0) weights = SP_WEIGHTS_AUTO;
