@@ -12,27 +12,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 SPARROW=${SPARROW:-$root/build/sparrow}
 SPARROW_SHARED=${SPARROW_SHARED:-$root/../shared}
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/sparrow-cli.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' INT TERM
-
-n_pass=0
-n_fail=0
-ok() { n_pass=$((n_pass + 1)); echo "ok   $1"; }
-bad() {
-    n_fail=$((n_fail + 1))
-    echo "FAIL $1"
-    shift
-    for line in "$@"; do echo "     $line"; done
-}
-
-# sp ARGS...: run sparrow; stdout -> $tmp/out, stderr -> $tmp/err, status -> $rc
-sp() {
-    "$SPARROW" "$@" >"$tmp/out" 2>"$tmp/err"
-    rc=$?
-}
-
-show_err() { printf 'stderr: %s' "$(head -c 400 "$tmp/err")"; }
+name=cli
+. "$root/tests/lib/harness.sh"
 show_out() { printf 'stdout: %s' "$(head -c 400 "$tmp/out")"; }
 
 # t_rc NAME WANT
@@ -360,5 +341,4 @@ if need models/stories260K/stories260K.bin; then
     t_out_has "inspect llama2.c" "llama2.c" "512"
 fi
 
-echo "test_cli.sh: $n_pass passed, $n_fail failed"
-[ "$n_fail" -eq 0 ]
+harness_report test_cli.sh

@@ -10,24 +10,8 @@ set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 SPARROW=${SPARROW:-$root/build/sparrow}
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/sparrow-synth.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-trap 'exit 1' INT TERM
-
-n_pass=0
-n_fail=0
-ok() { n_pass=$((n_pass + 1)); echo "ok   $1"; }
-bad() {
-    n_fail=$((n_fail + 1))
-    echo "FAIL $1"
-    shift
-    for line in "$@"; do echo "     $line"; done
-}
-sp() {
-    "$SPARROW" "$@" >"$tmp/out" 2>"$tmp/err"
-    rc=$?
-}
-show_err() { printf 'stderr: %s' "$(head -c 400 "$tmp/err")"; }
+name=synth
+. "$root/tests/lib/harness.sh"
 t_rc() {
     if [ "$rc" -eq "$2" ]; then ok "$1: exit $2"; else bad "$1: exit $rc, want $2" "$(show_err)"; fi
 }
@@ -155,5 +139,4 @@ if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["cold"]
 sp bench -m "$tmp/missing.gguf" -p 8 -n 2 -r 1
 t_rc "bench: missing model" 1
 
-echo "$n_pass passed, $n_fail failed"
-[ "$n_fail" -eq 0 ]
+harness_report

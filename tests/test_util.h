@@ -6,6 +6,8 @@
 #ifndef SP_TEST_UTIL_H
 #define SP_TEST_UTIL_H
 
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +60,32 @@ static inline const char *need_fixture(const char *rel) {
 static inline const char *scratch_dir(void) {
     const char *d = getenv("SPARROW_SCRATCH");
     return (d && *d) ? d : "/tmp";
+}
+
+/* Test data generator: xorshift64* over one per-binary state word.  Each test
+ * seeds *test_rng() its own way (so its data stays what its thresholds were
+ * measured on); the draws below are shared. */
+static inline uint64_t *test_rng(void) {
+    static uint64_t state = 0x9e3779b97f4a7c15ull;
+    return &state;
+}
+
+static inline uint64_t rng_u64(void) {
+    uint64_t *s = test_rng();
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 0x2545f4914f6cdd1dull;
+}
+
+/* Uniform in (0, 1). */
+static inline double rng_unit(void) {
+    return ((rng_u64() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* Standard normal (Box-Muller). */
+static inline float rng_normal(void) {
+    return (float)(sqrt(-2.0 * log(rng_unit())) * cos(6.283185307179586 * rng_unit()));
 }
 
 static inline int test_report(const char *name) {
