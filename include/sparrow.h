@@ -103,6 +103,15 @@ struct sp_model_params {
                                    file "tokenizer.bin" beside the model */
     bool vocab_only;            /* load the tokenizer only (no tensors needed) */
     enum sp_weight_mode weights;/* default SP_WEIGHTS_AUTO */
+    uint64_t mem_budget;        /* bytes Sparrow may keep resident -- weights, KV
+                                   cache, scratch, the process itself; 0 = no
+                                   budget.  With a budget the weights are planned
+                                   and read when the first session is created
+                                   (sp_session_init): what fits stays resident,
+                                   the rest streams from storage.  A budget too
+                                   small to run at all is refused there (message
+                                   states the minimum); sp_model_plan tells
+                                   before. */
 };
 struct sp_model_params sp_model_default_params(void);
 
@@ -249,6 +258,57 @@ int32_t sp_session_n_ctx(const struct sp_session *s);
 
 /* Bytes allocated by the session (KV cache + scratch + logits). */
 uint64_t sp_session_memory_bytes(const struct sp_session *s);
+
+/* ---------------------------------------------------------------------------
+ * Memory budget: the placement plan and the pager's counters.
+ * ------------------------------------------------------------------------- */
+
+/* Weight classes of a plan. */
+enum sp_weight_class {
+    SP_WCLASS_SMALL = 0, /* norms, biases, routers: always resident */
+    SP_WCLASS_DENSE,     /* read in full every token: attention, FFN, output head */
+    SP_WCLASS_EXPERT,    /* routed experts: a few slices per token, LRU cache */
+    SP_WCLASS_EMBED,     /* input embedding (untied): one row per token, read on demand */
+    SP_WCLASS_COUNT
+};
+
+struct sp_plan_info {
+    uint64_t budget;              /* the model's mem_budget */
+    bool resident;                /* everything fits: loaded once, nothing streams */
+    uint64_t base_bytes;          /* the process before weights (code, heap, tokenizer) */
+    uint64_t session_bytes;       /* KV cache + scratch of the session planned for */
+    uint64_t pinned_bytes;        /* weights kept resident */
+    uint64_t ring_bytes;          /* dense streaming buffers (read ahead in forward order) */
+    uint64_t expert_cache_bytes;  /* expert cache */
+    uint64_t row_bytes;           /* embedding row buffers */
+    uint64_t overhead_bytes;      /* bookkeeping and safety margin */
+    uint64_t total_bytes;         /* the sum: <= budget */
+    uint64_t min_budget;          /* smallest budget that runs this model and session */
+    uint32_t ring_slots, expert_slots;
+    uint64_t expert_units;        /* expert slices in the model (units) */
+    uint64_t class_bytes[SP_WCLASS_COUNT], class_pinned[SP_WCLASS_COUNT];
+    double read_bps, mem_bps;     /* measured storage and memory read speed (bytes/s; 0 = not measured) */
+    double touched_bytes_per_token, read_bytes_per_token;
+    double expert_hit_rate;       /* expected, under uniform routing */
+    double predicted_tps;         /* predicted decode tokens/s */
+};
+
+/* The plan for a model loaded with a mem_budget and a session with params
+ * (NULL = defaults), without applying it.  Measures storage and memory speed
+ * (~0.2 s) when something must stream.  SP_E_STATE without a budget;
+ * SP_E_NOMEM (message states the minimum) when the budget cannot run it. */
+sp_status sp_model_plan(struct sp_model *model, const struct sp_session_params *params, struct sp_plan_info *out);
+
+struct sp_mem_stats {
+    bool budgeted;                /* a plan is applied and something streams */
+    uint64_t resident_weight_bytes; /* pinned weights + pools, or the resident copy/mapping */
+    uint64_t bytes_read;          /* bytes the pager read from storage since the plan was applied */
+    uint64_t pins, hits, misses, waits; /* streamed-unit pins: found resident / read on demand / found loading */
+    uint64_t expert_pins, expert_hits;  /* expert slices: pins, and pins found cached (resident or loading) */
+    uint64_t prefetch_issued, prefetch_used; /* prefetched units; of those, used before eviction */
+    double wait_s;                /* time spent waiting for reads */
+};
+sp_status sp_model_get_mem_stats(const struct sp_model *model, struct sp_mem_stats *out);
 
 /* ---------------------------------------------------------------------------
  * Synthetic models (src/model/synth.c): GGUF files with seeded random weights

@@ -11,6 +11,7 @@
 #include "quant/quant.h"
 #include "sample/sampler.h"
 
+#include <assert.h>
 #include <stdio.h>
 
 void sp_init(void) {
@@ -21,7 +22,30 @@ void sp_init(void) {
 /* ---- model -------------------------------------------------------------- */
 
 struct sp_model_params sp_model_default_params(void) {
-    return (struct sp_model_params){.tokenizer_path = NULL, .vocab_only = false, .weights = SP_WEIGHTS_AUTO};
+    return (struct sp_model_params){
+        .tokenizer_path = NULL, .vocab_only = false, .weights = SP_WEIGHTS_AUTO, .mem_budget = 0};
+}
+
+/* The dense tensors in the order the forward pass reads them: the pager's
+ * read-ahead schedule.  Tensors not listed stream in file order after. */
+static sp_status forward_order(struct sp_model *m) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    const uint32_t per_layer = 16;
+    m->order = sp_calloc((size_t)hp->n_layers * per_layer + 4, sizeof *m->order);
+    if (!m->order) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    uint32_t n = 0;
+    for (uint32_t il = 0; il < hp->n_layers; il++) {
+        const struct sp_layer_weights *L = &m->layers[il];
+        const struct sp_tensor_desc *seq[] = {L->attn_norm, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv, L->q_norm,
+                                              L->k_norm, L->wo, L->ffn_norm, L->ffn_gate, L->ffn_up, L->ffn_down};
+        static_assert(SP_ARRAY_LEN(seq) <= 16, "per_layer too small");
+        for (size_t k = 0; k < SP_ARRAY_LEN(seq); k++)
+            if (seq[k]) m->order[n++] = seq[k];
+    }
+    m->order[n++] = m->output_norm;
+    m->order[n++] = m->output;
+    m->n_order = n;
+    return SP_OK;
 }
 
 sp_status sp_model_load(const char *path, const struct sp_model_params *params, struct sp_model **out) {
@@ -54,9 +78,19 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
         rc = sp_err(SP_E_INVALID, "%s: unknown weight mode %d", __func__, (int)p.weights);
         goto fail;
     }
-    if (!p.vocab_only && (rc = sp_pager_open(m->mf, p.weights == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD,
-                                             &m->pager)))
-        goto fail;
+    if (!p.vocab_only) {
+        if ((rc = forward_order(m))) goto fail;
+        const struct sp_pager_config pc = {
+            .mode = p.weights == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD,
+            .budget = p.mem_budget,
+            .embed = m->output != m->tok_embd ? m->tok_embd : NULL,
+            .n_experts = m->mf->hp.n_experts,
+            .n_experts_used = m->mf->hp.n_experts_used,
+            .order = m->order,
+            .n_order = m->n_order,
+        };
+        if ((rc = sp_pager_open(m->mf, &pc, &m->pager))) goto fail;
+    }
     *out = m;
     return SP_OK;
 fail:
@@ -69,6 +103,7 @@ void sp_model_free(struct sp_model *m) {
     sp_pager_close(m->pager);
     sp_tokenizer_free(m->tok);
     sp_free(m->layers);
+    sp_free(m->order);
     sp_model_file_free(m->mf);
     sp_free(m);
 }
@@ -217,6 +252,7 @@ struct sp_session {
     float *logits;   /* (n_vocab) */
     bool has_logits;
     struct sp_sampler *sampler;
+    uint64_t reserved; /* bytes of the model's memory budget this session holds */
 };
 
 struct sp_session_params sp_session_default_params(void) {
@@ -231,6 +267,35 @@ struct sp_session_params sp_session_default_params(void) {
     };
 }
 
+/* Check and complete session params: n_ctx and n_batch resolved. */
+static sp_status session_shape(const struct sp_model *m, struct sp_session_params *p, uint32_t *n_ctx_out,
+                               uint32_t *n_batch_out) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    if (p->n_ctx < 0) return sp_err(SP_E_INVALID, "sp_session_init: n_ctx %d is negative", p->n_ctx);
+    if (p->n_threads < 0 || p->n_threads > 1024) {
+        return sp_err(SP_E_INVALID, "sp_session_init: n_threads %d out of range [0, 1024]", p->n_threads);
+    }
+    if (p->n_batch < 0) return sp_err(SP_E_INVALID, "sp_session_init: n_batch %d is negative", p->n_batch);
+    if (p->kv_type != SP_KV_F32 && p->kv_type != SP_KV_F16) {
+        return sp_err(SP_E_INVALID, "sp_session_init: unknown kv_type %d", (int)p->kv_type);
+    }
+    uint32_t n_ctx = (uint32_t)p->n_ctx;
+    if (n_ctx == 0) n_ctx = hp->n_ctx_train ? SP_MIN(hp->n_ctx_train, 4096u) : 4096u;
+    if (n_ctx > (1u << 24)) return sp_err(SP_E_INVALID, "sp_session_init: n_ctx %u too large", n_ctx);
+    *n_ctx_out = n_ctx;
+    *n_batch_out = SP_MIN(p->n_batch ? (uint32_t)p->n_batch : 128u, n_ctx);
+    return SP_OK;
+}
+
+/* Bytes a session of this shape allocates: KV cache, scratch, logits. */
+static uint64_t session_bytes(const struct sp_model *m, const struct sp_session_params *p, uint32_t n_ctx,
+                              uint32_t n_batch) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    const uint64_t elem = p->kv_type == SP_KV_F32 ? 4 : 2;
+    const uint64_t kv = (uint64_t)hp->n_layers * n_ctx * hp->n_kv_heads * (hp->head_dim_k + hp->head_dim_v) * elem;
+    return kv + sp_fwd_bytes(m, n_ctx, n_batch) + (uint64_t)hp->n_vocab * sizeof(float);
+}
+
 sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *params, struct sp_session **out) {
     if (!out) return sp_err(SP_E_INVALID, "%s: out is NULL", __func__);
     *out = NULL;
@@ -238,27 +303,24 @@ sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *pa
     if (m->vocab_only) return sp_err(SP_E_STATE, "%s: the model was loaded vocab-only; it cannot run", __func__);
     struct sp_session_params p = params ? *params : sp_session_default_params();
     const struct sp_hparams *hp = &m->mf->hp;
-    if (p.n_ctx < 0) return sp_err(SP_E_INVALID, "%s: n_ctx %d is negative", __func__, p.n_ctx);
-    if (p.n_threads < 0 || p.n_threads > 1024) {
-        return sp_err(SP_E_INVALID, "%s: n_threads %d out of range [0, 1024]", __func__, p.n_threads);
-    }
-    if (p.n_batch < 0) return sp_err(SP_E_INVALID, "%s: n_batch %d is negative", __func__, p.n_batch);
-    if (p.kv_type != SP_KV_F32 && p.kv_type != SP_KV_F16) {
-        return sp_err(SP_E_INVALID, "%s: unknown kv_type %d", __func__, (int)p.kv_type);
-    }
-    uint32_t n_ctx = (uint32_t)p.n_ctx;
-    if (n_ctx == 0) n_ctx = hp->n_ctx_train ? SP_MIN(hp->n_ctx_train, 4096u) : 4096u;
-    if (n_ctx > (1u << 24)) return sp_err(SP_E_INVALID, "%s: n_ctx %u too large", __func__, n_ctx);
-
-    const uint32_t n_batch = SP_MIN(p.n_batch ? (uint32_t)p.n_batch : 128u, n_ctx);
+    uint32_t n_ctx, n_batch;
+    sp_status rc = session_shape(m, &p, &n_ctx, &n_batch);
+    if (rc) return rc;
+    /* With a memory budget the first session plans the weights (and reads
+     * what stays resident); every session takes its bytes from the budget. */
+    const uint64_t sbytes = session_bytes(m, &p, n_ctx, n_batch);
+    if ((rc = sp_pager_reserve(m->pager, sbytes))) return rc;
 
     struct sp_session *s = sp_calloc(1, sizeof(*s));
-    if (!s) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    if (!s) {
+        sp_pager_release(m->pager, sbytes);
+        return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    }
     s->model = m;
     s->n_batch = n_batch;
     s->p = p;
     s->n_ctx = n_ctx;
-    sp_status rc;
+    s->reserved = sbytes;
     if ((rc = sp_sampler_init(&p.sampling, p.seed, (int32_t)hp->n_vocab, &s->sampler))) goto fail;
     if ((rc = sp_kv_init(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim_k, hp->n_kv_heads * hp->head_dim_v,
                          p.kv_type, &s->kv)))
@@ -278,6 +340,7 @@ fail:
 
 void sp_session_free(struct sp_session *s) {
     if (!s) return;
+    sp_pager_release(s->model->pager, s->reserved);
     sp_sampler_free(s->sampler);
     sp_kv_free(s->kv);
     sp_fwd_free(s->fwd);
@@ -342,4 +405,67 @@ int32_t sp_session_n_ctx(const struct sp_session *s) {
 uint64_t sp_session_memory_bytes(const struct sp_session *s) {
     if (!s) return 0;
     return sp_kv_bytes(s->kv) + sp_fwd_bytes(s->model, s->n_ctx, s->n_batch) + (uint64_t)s->model->mf->hp.n_vocab * sizeof(float);
+}
+
+/* ---- memory budget -------------------------------------------------------- */
+
+sp_status sp_model_plan(struct sp_model *m, const struct sp_session_params *params, struct sp_plan_info *out) {
+    if (!m || !out) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    memset(out, 0, sizeof *out);
+    if (m->vocab_only) return sp_err(SP_E_STATE, "%s: the model was loaded vocab-only", __func__);
+    struct sp_session_params p = params ? *params : sp_session_default_params();
+    uint32_t n_ctx, n_batch;
+    sp_status rc = session_shape(m, &p, &n_ctx, &n_batch);
+    if (rc) return rc;
+    const uint64_t sbytes = session_bytes(m, &p, n_ctx, n_batch);
+    struct sp_plan pl;
+    if ((rc = sp_pager_make_plan(m->pager, sbytes, &pl))) return rc;
+    out->resident = pl.resident;
+    out->session_bytes = sbytes;
+    out->pinned_bytes = pl.pinned_bytes;
+    out->ring_bytes = (uint64_t)pl.ring_slots * pl.ring_slot_bytes;
+    out->expert_cache_bytes = (uint64_t)pl.expert_slots * pl.expert_slot_bytes;
+    out->row_bytes = (uint64_t)pl.row_slots * pl.row_slot_bytes;
+    out->overhead_bytes = pl.overhead_bytes;
+    out->total_bytes = pl.total_bytes;
+    out->base_bytes = pl.base_bytes;
+    out->min_budget = pl.min_budget;
+    out->ring_slots = pl.ring_slots;
+    out->expert_slots = pl.expert_slots;
+    out->expert_units = pl.expert_units;
+    static_assert((int)SP_WCLASS_COUNT == (int)SP_TC_COUNT, "weight classes differ");
+    for (int k = 0; k < SP_WCLASS_COUNT; k++) {
+        out->class_bytes[k] = pl.class_bytes[k];
+        out->class_pinned[k] = pl.class_pinned[k];
+    }
+    out->read_bps = sp_pager_read_bps(m->pager);
+    out->mem_bps = sp_pager_mem_bps(m->pager);
+    out->touched_bytes_per_token = pl.touched_bytes;
+    out->read_bytes_per_token = pl.read_bytes;
+    out->expert_hit_rate = pl.expert_hit_rate;
+    out->predicted_tps = pl.predicted_tps;
+    sp_plan_free(&pl);
+    out->budget = sp_pager_budget(m->pager);
+    return SP_OK;
+}
+
+sp_status sp_model_get_mem_stats(const struct sp_model *m, struct sp_mem_stats *out) {
+    if (!m || !out) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    memset(out, 0, sizeof *out);
+    if (!m->pager) return SP_OK;
+    struct sp_pager_stats st;
+    sp_pager_get_stats(m->pager, &st);
+    out->budgeted = st.budgeted;
+    out->resident_weight_bytes = st.mapped_bytes;
+    out->bytes_read = st.bytes_read;
+    out->pins = st.pins;
+    out->hits = st.hits;
+    out->misses = st.misses;
+    out->waits = st.waits;
+    out->expert_pins = st.expert_pins;
+    out->expert_hits = st.expert_hits;
+    out->prefetch_issued = st.prefetch_issued;
+    out->prefetch_used = st.prefetch_used;
+    out->wait_s = st.wait_s;
+    return SP_OK;
 }

@@ -1,44 +1,143 @@
 /*
- * pager.c -- weight pager, resident mode (the whole file is mapped).
+ * pager.c -- the weight pager (see pager.h for the contract).
  *
  * Invariants:
- *  1. Every successful pin is matched by exactly one unpin; pins[i] counts the
- *     outstanding pins of tensor i and never goes negative (SP_ASSERT).
- *  2. A pinned range lies inside its tensor, and every tensor lies inside the
- *     file (format/ validated the directory against the file size; open checks
- *     the size did not change since).
- *  3. MMAP mode: the mapping is read-only and shared; weights are never
- *     copied.  LOAD mode: the region holds file bytes [base, file_size) at
- *     region offset (file offset - base), base a multiple of 4096, so every
- *     tensor keeps its file alignment; it is written only in open.
+ *  1. Every successful pin is matched by exactly one unpin with the same
+ *     pointer; a slot's refs count its outstanding pins and never goes
+ *     negative (SP_ASSERT).  A slot with refs > 0 is never evicted or
+ *     overwritten.
+ *  2. A pinned range lies inside its tensor (and inside one unit when the
+ *     tensor streams), and every tensor lies inside the file (format/
+ *     validated the directory; open checks the size did not change since).
+ *  3. Resident back end: MMAP maps the file read-only; LOAD holds file bytes
+ *     [base, file_size) at region offset (file offset - base).
+ *  4. Budgeted back end: all memory -- the pinned region and one block of
+ *     slots for the three pools -- is allocated, touched and locked in
+ *     sp_pager_apply, sized by the plan, and never grows.  Slot data is the
+ *     4 KiB-aligned file span around a unit, read by O_DIRECT (buffered +
+ *     POSIX_FADV_DONTNEED where O_DIRECT is refused), so file pages do not
+ *     pile up in the page cache outside the budget.
+ *  5. All slot state changes happen under pg->mu; I/O threads read without
+ *     the lock into slots whose state is LOADING (owned by that request).
  *
- * States of a tensor:   UNPINNED --pin--> PINNED(n) --unpin (n==1)--> UNPINNED
- *   transition            function
- *   UNPINNED -> PINNED    sp_pager_pin_range()
- *   PINNED(n) -> n+1      sp_pager_pin_range()
- *   PINNED(n) -> n-1      sp_pager_unpin()
- * In resident mode "PINNED" only pins the pointer; the budgeted pager will add
- * LOADING and EVICTABLE states between these.
+ * Slot states:   FREE --miss/prefetch--> LOADING --read ok--> READY
+ *                                           \--read error--> ERROR
+ *   READY/ERROR with refs == 0 may be reassigned (eviction) by the pool's
+ *   policy: RING reuses slots whose unit was consumed (pinned since it was
+ *   read), then the prefetched unit furthest ahead; EXPERT and ROWS evict the
+ *   least recently used.  Prefetched slots get a fresh use time when issued.
  */
 #include "pager.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+#define ALIGN ((uint64_t)SP_PLAN_IO_ALIGN)
+#define IO_CHUNK ((uint64_t)8 << 20)
+#define DEFAULT_IO_THREADS 4u
+
+enum slot_state { SLOT_FREE = 0, SLOT_LOADING, SLOT_READY, SLOT_ERROR };
+enum pool_id { POOL_RING = 0, POOL_EXPERT, POOL_ROWS, POOL_COUNT };
+
+struct slot {
+    uint8_t *buf;        /* slot memory, slot_bytes of its pool */
+    const uint8_t *data; /* first byte of the unit inside buf */
+    int64_t key;         /* global unit id (RING, EXPERT) or row key (ROWS); -1 none */
+    uint64_t unit_off, unit_len; /* tensor-relative range the slot holds */
+    uint32_t tensor;
+    uint32_t refs;
+    uint8_t state, pool;
+    bool prefetched, used;
+    int err;
+    uint64_t last_use;
+};
+
+struct pool {
+    uint32_t first, n; /* slots [first, first + n) */
+    uint64_t slot_bytes;
+};
+
+struct io_req {
+    uint8_t *dst;
+    uint64_t off, len; /* aligned file span */
+    uint64_t need;     /* bytes that must arrive (the rest may be past EOF) */
+    int32_t slot;      /* -1: part of the pinned-region load */
+};
 
 struct sp_pager {
     const struct sp_model_file *mf;
+    struct sp_pager_config cfg;
     enum sp_weight_mode mode;
-    const uint8_t *map;   /* MMAP: the file; LOAD: file bytes from `base` on */
-    uint64_t map_size;    /* bytes of map */
-    uint64_t base;        /* file offset of map[0] */
-    atomic_uint_fast32_t *pins; /* (n_tensors) outstanding pins per tensor */
-    atomic_uint_fast64_t n_pins;
-    atomic_uint_fast64_t n_unpins;
+    /* resident back end */
+    const uint8_t *map;
+    uint64_t map_size, base;
+    atomic_uint_fast32_t *pins; /* (n_tensors) outstanding pins of pinned/resident tensors */
+    atomic_uint_fast64_t n_pins, n_unpins;
+
+    /* budgeted back end */
+    bool budgeted, applied, streaming;
+    uint64_t reserved;      /* session bytes reserved so far */
+    uint64_t plan_session;  /* session bytes the plan was made for */
+    struct sp_plan plan;
+    double read_bps, mem_bps;
+    int fd, fd_direct;      /* fd_direct == fd when O_DIRECT is unavailable */
+    bool direct;
+    const uint8_t **tptr;   /* (n_tensors) pinned tensors' data, else NULL */
+    uint8_t *pinned_region, *slot_region;
+    uint64_t pinned_size, slot_size;
+    uint32_t *first_unit;   /* (n_tensors) global id of each streamed tensor's unit 0 */
+    int32_t *unit_slot;     /* (n_units) slot holding the unit, -1 */
+    int32_t *unit_sched;    /* (n_units) ring schedule position, -1 */
+    uint32_t n_units;
+    struct sched_ent {
+        uint32_t gu, tensor; /* global unit id, tensor index */
+        uint64_t start, len; /* tensor-relative range */
+    } *sched;               /* ring schedule: units in forward order */
+    uint32_t n_sched, sched_next;
+    struct slot *slots;
+    uint32_t n_slots;
+    struct pool pools[POOL_COUNT];
+    uint64_t tick;
+    struct io_req *q;       /* circular queue, capacity q_cap */
+    uint32_t q_cap, q_head, q_len;
+    uint32_t pinned_pending;
+    int pinned_err;
+    pthread_t *io;
+    uint32_t n_io;
+    bool stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_io, cv_done;
+    struct sp_pager_stats st;
+    struct sp_pager_tuning tune;
 };
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t align_down(uint64_t x) {
+    return x & ~(ALIGN - 1);
+}
+
+static uint64_t align_up(uint64_t x) {
+    return (x + ALIGN - 1) & ~(ALIGN - 1);
+}
+
+static uint64_t tensor_rows(const struct sp_tensor_desc *t) {
+    return (uint64_t)t->ne[1] * (uint64_t)t->ne[2] * (uint64_t)t->ne[3];
+}
+
+/* ---- resident back end -------------------------------------------------- */
 
 static sp_status map_file(struct sp_pager *pg, int fd) {
     const struct sp_model_file *mf = pg->mf;
@@ -59,7 +158,7 @@ static sp_status load_file(struct sp_pager *pg, int fd) {
     const struct sp_model_file *mf = pg->mf;
     uint64_t lo = UINT64_MAX;
     for (uint32_t i = 0; i < mf->n_tensors; i++) lo = SP_MIN(lo, mf->tensors[i].offset);
-    pg->base = lo & ~(uint64_t)4095;
+    pg->base = align_down(lo);
     const uint64_t n = mf->file_size - pg->base;
     void *m = mmap(NULL, (size_t)n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
@@ -91,13 +190,174 @@ static sp_status load_file(struct sp_pager *pg, int fd) {
     return SP_OK;
 }
 
-sp_status sp_pager_open(const struct sp_model_file *mf, enum sp_weight_mode mode, struct sp_pager **out) {
+static sp_status open_resident(struct sp_pager *pg) {
+    int fd = open(pg->mf->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sp_err(SP_E_IO, "%s: cannot open '%s': %s", __func__, pg->mf->path, strerror(errno));
+    sp_status rc = pg->mode == SP_WEIGHTS_MMAP ? map_file(pg, fd) : load_file(pg, fd);
+    close(fd);
+    return rc;
+}
+
+/* ---- I/O ----------------------------------------------------------------- */
+
+/* Read [off, off + len) into dst; at least `need` bytes must arrive.  Returns
+ * 0 or an errno value (EIO for a short file). */
+static int read_span(struct sp_pager *pg, uint8_t *dst, uint64_t off, uint64_t len, uint64_t need) {
+    uint64_t done = 0;
+    int fd = pg->direct ? pg->fd_direct : pg->fd;
+    while (done < len) {
+        ssize_t r = pread(fd, dst + done, (size_t)(len - done), (off_t)(off + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EINVAL && fd != pg->fd) { /* O_DIRECT refused here: buffered from now on */
+            fd = pg->fd;
+            continue;
+        }
+        if (r < 0) return errno;
+        if (r == 0) break;
+        done += (uint64_t)r;
+    }
+    if (done < need) return EIO;
+#ifdef POSIX_FADV_DONTNEED
+    if (fd == pg->fd) (void)posix_fadvise(pg->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+#endif
+    return 0;
+}
+
+static void *io_main(void *arg) {
+    struct sp_pager *pg = arg;
+    pthread_mutex_lock(&pg->mu);
+    for (;;) {
+        while (!pg->stop && pg->q_len == 0) pthread_cond_wait(&pg->cv_io, &pg->mu);
+        if (pg->stop) break;
+        struct io_req r = pg->q[pg->q_head];
+        pg->q_head = (pg->q_head + 1) % pg->q_cap;
+        pg->q_len--;
+        pthread_mutex_unlock(&pg->mu);
+        int err = read_span(pg, r.dst, r.off, r.len, r.need);
+        pthread_mutex_lock(&pg->mu);
+        pg->st.bytes_read += err ? 0 : r.len;
+        if (r.slot < 0) {
+            pg->pinned_pending--;
+            if (err && !pg->pinned_err) pg->pinned_err = err;
+        } else {
+            struct slot *s = &pg->slots[r.slot];
+            s->state = err ? SLOT_ERROR : SLOT_READY;
+            s->err = err;
+        }
+        pthread_cond_broadcast(&pg->cv_done);
+    }
+    pthread_mutex_unlock(&pg->mu);
+    return NULL;
+}
+
+/* Queue a read (under mu).  Demand reads go to the front. */
+static void enqueue(struct sp_pager *pg, struct io_req r, bool front) {
+    SP_ASSERT(pg->q_len < pg->q_cap);
+    if (front) {
+        pg->q_head = (pg->q_head + pg->q_cap - 1) % pg->q_cap;
+        pg->q[pg->q_head] = r;
+    } else {
+        pg->q[(pg->q_head + pg->q_len) % pg->q_cap] = r;
+    }
+    pg->q_len++;
+    pthread_cond_signal(&pg->cv_io);
+}
+
+/* ---- measuring ------------------------------------------------------------ */
+
+/* Storage read speed: O_DIRECT 8 MiB reads at 16 spread offsets of the tensor
+ * section (at most 128 MiB), 4 threads in flight, as the pager reads. */
+struct rb_job {
+    struct sp_pager *pg;
+    uint8_t *buf;
+    uint64_t offs[4];
+    uint32_t n;
+};
+
+static void *rb_main(void *arg) {
+    struct rb_job *j = arg;
+    for (uint32_t i = 0; i < j->n; i++) (void)read_span(j->pg, j->buf, j->offs[i], IO_CHUNK, 0);
+    return NULL;
+}
+
+static double measure_read_bps(struct sp_pager *pg) {
+    const struct sp_model_file *mf = pg->mf;
+    uint64_t lo = UINT64_MAX;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) lo = SP_MIN(lo, mf->tensors[i].offset);
+    lo = align_down(lo);
+    if (mf->file_size < lo + 2 * IO_CHUNK) return 1e9;
+    const uint64_t span = mf->file_size - lo - IO_CHUNK;
+    uint8_t *buf = mmap(NULL, 4 * IO_CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) return 1e9;
+    memset(buf, 0, 4 * IO_CHUNK);
+    struct rb_job jobs[4];
+    pthread_t th[4];
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < 16; k++) {
+        struct rb_job *j = &jobs[k % 4];
+        if (k < 4) *j = (struct rb_job){.pg = pg, .buf = buf + k * IO_CHUNK};
+        j->offs[j->n++] = align_down(lo + span / 16 * k);
+        n++;
+    }
+    const double t0 = now_s();
+    uint32_t started = 0;
+    for (uint32_t k = 0; k < 4; k++) started += pthread_create(&th[k], NULL, rb_main, &jobs[k]) == 0;
+    for (uint32_t k = 0; k < started; k++) pthread_join(th[k], NULL);
+    const double dt = now_s() - t0;
+    munmap(buf, 4 * IO_CHUNK);
+    return started == 4 && dt > 0 ? (double)(n * IO_CHUNK) / dt : 1e9;
+}
+
+/* Memory read speed of one thread over 64 MiB. */
+static double measure_mem_bps(void) {
+    const size_t n = (size_t)64 << 20;
+    uint64_t *b = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b == MAP_FAILED) return 1e10;
+    for (size_t i = 0; i < n / 8; i++) b[i] = i;
+    volatile uint64_t sink = 0;
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        const double t0 = now_s();
+        uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t i = 0; i < n / 8; i += 4) {
+            s0 += b[i];
+            s1 += b[i + 1];
+            s2 += b[i + 2];
+            s3 += b[i + 3];
+        }
+        sink += s0 + s1 + s2 + s3;
+        const double dt = now_s() - t0;
+        if (dt > 0) best = SP_MAX(best, (double)n / dt);
+    }
+    (void)sink;
+    munmap(b, n);
+    return best > 0 ? best : 1e10;
+}
+
+/* Resident set of this process now (VmRSS), or 0 when unknown. */
+static uint64_t proc_rss(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1) break;
+    }
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* ---- open / plan / apply ------------------------------------------------- */
+
+sp_status sp_pager_open(const struct sp_model_file *mf, const struct sp_pager_config *cfg, struct sp_pager **out) {
     *out = NULL;
     struct sp_pager *pg = sp_calloc(1, sizeof(*pg));
     if (!pg) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     pg->mf = mf;
-    pg->mode = mode == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD;
-    int fd = -1;
+    pg->cfg = *cfg;
+    pg->mode = cfg->mode == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD;
+    pg->budgeted = cfg->budget > 0;
+    pg->fd = pg->fd_direct = -1;
     sp_status rc;
     pg->pins = sp_calloc(mf->n_tensors ? mf->n_tensors : 1, sizeof(*pg->pins));
     if (!pg->pins) {
@@ -108,13 +368,13 @@ sp_status sp_pager_open(const struct sp_model_file *mf, enum sp_weight_mode mode
         *out = pg;
         return SP_OK;
     }
-    fd = open(mf->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    pg->fd = open(mf->path, O_RDONLY | O_CLOEXEC);
+    if (pg->fd < 0) {
         rc = sp_err(SP_E_IO, "%s: cannot open '%s': %s", __func__, mf->path, strerror(errno));
         goto fail;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(pg->fd, &st) != 0) {
         rc = sp_err(SP_E_IO, "%s: cannot stat '%s': %s", __func__, mf->path, strerror(errno));
         goto fail;
     }
@@ -123,35 +383,488 @@ sp_status sp_pager_open(const struct sp_model_file *mf, enum sp_weight_mode mode
                     (unsigned long long)st.st_size, (unsigned long long)mf->file_size);
         goto fail;
     }
-    if ((rc = mode == SP_WEIGHTS_MMAP ? map_file(pg, fd) : load_file(pg, fd))) goto fail;
-    close(fd);
+    if (!pg->budgeted) {
+        if ((rc = open_resident(pg))) goto fail;
+        close(pg->fd);
+        pg->fd = -1;
+        *out = pg;
+        return SP_OK;
+    }
+#ifdef O_DIRECT
+    pg->fd_direct = open(mf->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+#endif
+    pg->direct = pg->fd_direct >= 0;
+    if (!pg->direct) {
+        pg->fd_direct = pg->fd;
+        SP_LOG_W("%s: O_DIRECT is not available for '%s'; reading through the page cache and dropping pages after use",
+                 __func__, mf->path);
+    }
+    if (pthread_mutex_init(&pg->mu, NULL) || pthread_cond_init(&pg->cv_io, NULL) ||
+        pthread_cond_init(&pg->cv_done, NULL)) {
+        rc = sp_err(SP_E_NOMEM, "%s: cannot create locks", __func__);
+        goto fail;
+    }
     *out = pg;
     return SP_OK;
 fail:
-    if (fd >= 0) close(fd);
     sp_pager_close(pg);
     return rc;
 }
 
+void sp_pager_tune(struct sp_pager *pg, const struct sp_pager_tuning *t) {
+    pg->tune = *t;
+}
+
+sp_status sp_pager_make_plan(struct sp_pager *pg, uint64_t session_bytes, struct sp_plan *out) {
+    memset(out, 0, sizeof *out);
+    if (!pg->budgeted) return sp_err(SP_E_STATE, "%s: the pager has no memory budget", __func__);
+    if (pg->tune.read_bps > 0) pg->read_bps = pg->tune.read_bps;
+    if (pg->tune.mem_bps > 0) pg->mem_bps = pg->tune.mem_bps;
+    struct sp_plan_input in = {
+        .mf = pg->mf, .embed = pg->cfg.embed, .budget = pg->cfg.budget,
+        .base_bytes = pg->tune.base_set ? pg->tune.base_bytes : proc_rss(),
+        .session_bytes = session_bytes, .read_bps = pg->read_bps, .mem_bps = pg->mem_bps,
+        .n_experts = pg->cfg.n_experts, .n_experts_used = pg->cfg.n_experts_used,
+        .ring_unit_bytes = pg->tune.unit_bytes, .small_bytes = pg->tune.small_bytes,
+        .margin_set = pg->tune.margin_set, .margin_bytes = pg->tune.margin_bytes,
+    };
+    sp_status rc = sp_plan_make(&in, out);
+    if (rc || out->resident || pg->read_bps > 0) return rc;
+    /* Something streams: measure the speeds the prediction needs, once. */
+    pg->read_bps = measure_read_bps(pg);
+    pg->mem_bps = measure_mem_bps();
+    sp_plan_free(out);
+    in.read_bps = pg->read_bps;
+    in.mem_bps = pg->mem_bps;
+    return sp_plan_make(&in, out);
+}
+
+/* Forward-order ring schedule of the RING units. */
+static sp_status build_schedule(struct sp_pager *pg) {
+    const struct sp_model_file *mf = pg->mf;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++)
+        if (pg->plan.t[i].place == SP_PLACE_RING) n += pg->plan.t[i].n_units;
+    pg->sched = sp_calloc(n ? n : 1, sizeof *pg->sched);
+    if (!pg->sched) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    bool *done = sp_calloc(mf->n_tensors, sizeof *done);
+    if (!done) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    /* the model's forward order first, then any streamed tensor it did not list */
+    for (uint32_t pass = 0; pass < 2; pass++) {
+        const uint32_t m = pass == 0 ? pg->cfg.n_order : mf->n_tensors;
+        for (uint32_t k = 0; k < m; k++) {
+            const struct sp_tensor_desc *t = pass == 0 ? pg->cfg.order[k] : &mf->tensors[k];
+            if (!t) continue;
+            const uint32_t i = (uint32_t)(t - mf->tensors);
+            if (done[i] || pg->plan.t[i].place != SP_PLACE_RING) continue;
+            done[i] = true;
+            const uint64_t ub = (uint64_t)pg->plan.t[i].unit_rows * (t->size / tensor_rows(t));
+            for (uint32_t u = 0; u < pg->plan.t[i].n_units; u++) {
+                struct sched_ent *e = &pg->sched[pg->n_sched];
+                e->gu = pg->first_unit[i] + u;
+                e->tensor = i;
+                e->start = (uint64_t)u * ub;
+                e->len = SP_MIN(ub, t->size - e->start);
+                pg->unit_sched[e->gu] = (int32_t)pg->n_sched++;
+            }
+        }
+    }
+    sp_free(done);
+    SP_ASSERT(pg->n_sched == n);
+    return SP_OK;
+}
+
+static sp_status alloc_locked(uint64_t size, uint8_t **out, const char *what) {
+    *out = NULL;
+    if (size == 0) return SP_OK;
+    void *m = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (m == MAP_FAILED) {
+        return sp_err(SP_E_NOMEM, "%s: cannot allocate %.1f MiB for %s: %s", __func__, size / 1048576.0, what,
+                      strerror(errno));
+    }
+    if (mlock(m, (size_t)size) != 0) {
+        static atomic_int warned;
+        if (!atomic_exchange(&warned, 1)) {
+            SP_LOG_W("weights are not locked in memory (mlock: %s); the OS may swap them out. "
+                     "Raise RLIMIT_MEMLOCK (ulimit -l) or run with CAP_IPC_LOCK to lock them",
+                     strerror(errno));
+        }
+    }
+    *out = m;
+    return SP_OK;
+}
+
+/* Read every pinned tensor into the pinned region with the I/O threads. */
+static sp_status load_pinned(struct sp_pager *pg) {
+    const struct sp_model_file *mf = pg->mf;
+    uint64_t cur = 0;
+    pthread_mutex_lock(&pg->mu);
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        const struct sp_tensor_desc *t = &mf->tensors[i];
+        if (pg->plan.t[i].place != SP_PLACE_PINNED) continue;
+        const uint64_t a = align_down(t->offset), end = t->offset + t->size;
+        const uint64_t len = align_up(end) - a;
+        SP_ASSERT(cur + len <= pg->pinned_size);
+        uint8_t *dst = pg->pinned_region + cur;
+        pg->tptr[i] = dst + (t->offset - a);
+        for (uint64_t o = 0; o < len; o += IO_CHUNK) {
+            const uint64_t n = SP_MIN(IO_CHUNK, len - o);
+            const uint64_t need = a + o + n <= end ? n : (end > a + o ? end - (a + o) : 0);
+            while (pg->q_len == pg->q_cap) pthread_cond_wait(&pg->cv_done, &pg->mu);
+            enqueue(pg, (struct io_req){.dst = dst + o, .off = a + o, .len = n, .need = need, .slot = -1}, false);
+            pg->pinned_pending++;
+        }
+        cur += len;
+    }
+    while (pg->pinned_pending) pthread_cond_wait(&pg->cv_done, &pg->mu);
+    const int err = pg->pinned_err;
+    pthread_mutex_unlock(&pg->mu);
+    if (err) return sp_err(SP_E_IO, "%s: reading the weights of '%s': %s", __func__, mf->path, strerror(err));
+    return SP_OK;
+}
+
+static sp_status apply_plan(struct sp_pager *pg) {
+    const struct sp_model_file *mf = pg->mf;
+    struct sp_plan *p = &pg->plan;
+    sp_status rc;
+    if (p->resident) { /* the model fits: exactly the unbudgeted path */
+        if ((rc = open_resident(pg))) return rc;
+        pg->applied = true;
+        return SP_OK;
+    }
+    pg->streaming = true;
+    pg->tptr = sp_calloc(mf->n_tensors, sizeof *pg->tptr);
+    pg->first_unit = sp_calloc(mf->n_tensors, sizeof *pg->first_unit);
+    if (!pg->tptr || !pg->first_unit) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    uint64_t pinned = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        const struct sp_tensor_desc *t = &mf->tensors[i];
+        pg->first_unit[i] = pg->n_units;
+        if (p->t[i].place == SP_PLACE_PINNED) {
+            pinned += align_up(t->offset + t->size) - align_down(t->offset);
+        } else if (p->t[i].place != SP_PLACE_ROWS) {
+            pg->n_units += p->t[i].n_units;
+        }
+    }
+    pg->unit_slot = sp_malloc((size_t)SP_MAX(pg->n_units, 1u) * sizeof *pg->unit_slot);
+    pg->unit_sched = sp_malloc((size_t)SP_MAX(pg->n_units, 1u) * sizeof *pg->unit_sched);
+    if (!pg->unit_slot || !pg->unit_sched) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    for (uint32_t u = 0; u < pg->n_units; u++) pg->unit_slot[u] = pg->unit_sched[u] = -1;
+    if ((rc = build_schedule(pg))) return rc;
+
+    const uint32_t counts[POOL_COUNT] = {p->ring_slots, p->expert_slots, p->row_slots};
+    const uint64_t sizes[POOL_COUNT] = {p->ring_slot_bytes, p->expert_slot_bytes, p->row_slot_bytes};
+    uint64_t slot_total = 0;
+    for (int k = 0; k < POOL_COUNT; k++) {
+        pg->pools[k] = (struct pool){.first = pg->n_slots, .n = counts[k], .slot_bytes = sizes[k]};
+        pg->n_slots += counts[k];
+        slot_total += (uint64_t)counts[k] * sizes[k];
+    }
+    pg->slots = sp_calloc(SP_MAX(pg->n_slots, 1u), sizeof *pg->slots);
+    pg->q_cap = pg->n_slots + 64;
+    pg->q = sp_calloc(pg->q_cap, sizeof *pg->q);
+    if (!pg->slots || !pg->q) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    pg->pinned_size = pinned;
+    pg->slot_size = slot_total;
+    if ((rc = alloc_locked(pinned, &pg->pinned_region, "pinned weights"))) return rc;
+    if ((rc = alloc_locked(slot_total, &pg->slot_region, "streaming buffers"))) return rc;
+    uint8_t *cur = pg->slot_region;
+    for (int k = 0; k < POOL_COUNT; k++) {
+        for (uint32_t s = 0; s < pg->pools[k].n; s++) {
+            struct slot *sl = &pg->slots[pg->pools[k].first + s];
+            sl->buf = cur;
+            sl->key = -1;
+            sl->pool = (uint8_t)k;
+            cur += pg->pools[k].slot_bytes;
+        }
+    }
+    pg->n_io = pg->cfg.io_threads ? pg->cfg.io_threads : DEFAULT_IO_THREADS;
+    pg->io = sp_calloc(pg->n_io, sizeof *pg->io);
+    if (!pg->io) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    for (uint32_t k = 0; k < pg->n_io; k++) {
+        if (pthread_create(&pg->io[k], NULL, io_main, pg) != 0) {
+            pg->n_io = k;
+            return sp_err(SP_E_NOMEM, "%s: cannot start I/O threads", __func__);
+        }
+    }
+    if ((rc = load_pinned(pg))) return rc;
+    pg->st.bytes_read = 0; /* count streaming only */
+    pg->applied = true;
+    SP_LOG_I("pager: %.2f GiB pinned, pools %u ring x %.1f MiB, %u expert x %.2f MiB, %u row; "
+             "predicted %.2f tok/s (read %.2f GB/s)",
+             pinned / 1073741824.0, p->ring_slots, p->ring_slot_bytes / 1048576.0, p->expert_slots,
+             p->expert_slot_bytes / 1048576.0, p->row_slots, p->predicted_tps, pg->read_bps / 1e9);
+    return SP_OK;
+}
+
+sp_status sp_pager_reserve(struct sp_pager *pg, uint64_t session_bytes) {
+    if (!pg->budgeted) return SP_OK;
+    if (pg->applied) {
+        const uint64_t left = pg->cfg.budget - SP_MIN(pg->cfg.budget, pg->plan.total_bytes);
+        if (pg->reserved + session_bytes > pg->plan_session + left) {
+            return sp_err(SP_E_NOMEM,
+                          "%s: this session needs %.1f MiB (KV cache and scratch) but the memory budget has %.1f MiB "
+                          "left; free other sessions or raise the budget",
+                          __func__, session_bytes / 1048576.0,
+                          (double)(pg->plan_session + left - SP_MIN(pg->reserved, pg->plan_session + left)) / 1048576.0);
+        }
+        pg->reserved += session_bytes;
+        return SP_OK;
+    }
+    sp_status rc = sp_pager_make_plan(pg, session_bytes, &pg->plan);
+    if (rc) return rc;
+    pg->plan_session = session_bytes;
+    if ((rc = apply_plan(pg))) return rc;
+    pg->reserved = session_bytes;
+    return SP_OK;
+}
+
+void sp_pager_release(struct sp_pager *pg, uint64_t session_bytes) {
+    if (pg && pg->budgeted && pg->applied) pg->reserved -= SP_MIN(pg->reserved, session_bytes);
+}
+
 void sp_pager_close(struct sp_pager *pg) {
     if (!pg) return;
+    if (pg->io) {
+        pthread_mutex_lock(&pg->mu);
+        pg->stop = true;
+        pthread_cond_broadcast(&pg->cv_io);
+        pthread_mutex_unlock(&pg->mu);
+        for (uint32_t k = 0; k < pg->n_io; k++) pthread_join(pg->io[k], NULL);
+        sp_free(pg->io);
+    }
+    if (pg->budgeted && pg->mf->n_tensors) {
+        pthread_mutex_destroy(&pg->mu);
+        pthread_cond_destroy(&pg->cv_io);
+        pthread_cond_destroy(&pg->cv_done);
+    }
     if (pg->map) munmap((void *)pg->map, (size_t)pg->map_size);
+    if (pg->pinned_region) munmap(pg->pinned_region, (size_t)pg->pinned_size);
+    if (pg->slot_region) munmap(pg->slot_region, (size_t)pg->slot_size);
+    if (pg->fd_direct >= 0 && pg->fd_direct != pg->fd) close(pg->fd_direct);
+    if (pg->fd >= 0) close(pg->fd);
+    sp_plan_free(&pg->plan);
+    sp_free(pg->tptr);
+    sp_free(pg->first_unit);
+    sp_free(pg->unit_slot);
+    sp_free(pg->unit_sched);
+    sp_free(pg->sched);
+    sp_free(pg->slots);
+    sp_free(pg->q);
     sp_free(pg->pins);
     sp_free(pg);
 }
+
+/* ---- streaming ----------------------------------------------------------- */
 
 static size_t tensor_index(const struct sp_pager *pg, const struct sp_tensor_desc *t) {
     SP_ASSERT(t >= pg->mf->tensors && t < pg->mf->tensors + pg->mf->n_tensors);
     return (size_t)(t - pg->mf->tensors);
 }
 
+uint32_t sp_pager_unit_rows(const struct sp_pager *pg, const struct sp_tensor_desc *t) {
+    const uint64_t rows = tensor_rows(t);
+    if (!pg->streaming) return (uint32_t)SP_MIN(rows, (uint64_t)UINT32_MAX);
+    return pg->plan.t[tensor_index(pg, t)].unit_rows;
+}
+
+/* The unit of tensor i holding byte off: its local index and tensor-relative
+ * range. */
+static void unit_of(const struct sp_pager *pg, uint32_t i, uint64_t off, uint32_t *u, uint64_t *start, uint64_t *len) {
+    const struct sp_tensor_desc *t = &pg->mf->tensors[i];
+    const struct sp_plan_tensor *pt = &pg->plan.t[i];
+    const uint64_t row_bytes = t->size / tensor_rows(t), ub = (uint64_t)pt->unit_rows * row_bytes;
+    if (pt->place == SP_PLACE_EXPERT) {
+        const uint64_t eb = (uint64_t)t->ne[1] * row_bytes, e = off / eb, r = (off - e * eb) / ub;
+        *u = (uint32_t)(e * pt->units_per_expert + r);
+        *start = e * eb + r * ub;
+        *len = SP_MIN(ub, eb - r * ub);
+    } else {
+        *u = (uint32_t)(off / ub);
+        *start = (uint64_t)*u * ub;
+        *len = SP_MIN(ub, t->size - *start);
+    }
+}
+
+/* A slot of pool k to (re)use, or -1.  Under mu.  for_prefetch: do not take
+ * a slot holding a prefetched unit nobody has used yet. */
+static int32_t pick_victim(struct sp_pager *pg, int k, bool for_prefetch, int32_t near_sched) {
+    const struct pool *po = &pg->pools[k];
+    int32_t best = -1;
+    uint64_t best_score = 0;
+    for (uint32_t s = po->first; s < po->first + po->n; s++) {
+        const struct slot *sl = &pg->slots[s];
+        if (sl->refs || sl->state == SLOT_LOADING) continue;
+        if (sl->state == SLOT_FREE || sl->state == SLOT_ERROR) return (int32_t)s;
+        const bool fresh = sl->prefetched && !sl->used;
+        uint64_t score;
+        if (k == POOL_RING) {
+            if (fresh && for_prefetch) continue;
+            /* consumed units first; among unconsumed, the furthest ahead */
+            const int32_t pos = pg->unit_sched[sl->key];
+            const uint64_t ahead = near_sched >= 0 && pos >= 0
+                                       ? (uint64_t)((pos - near_sched + (int32_t)pg->n_sched) % (int32_t)pg->n_sched)
+                                       : 0;
+            score = sl->used ? UINT64_MAX : ahead;
+        } else {
+            if (fresh && for_prefetch) continue;
+            score = UINT64_MAX - sl->last_use; /* least recently used */
+        }
+        if (best < 0 || score > best_score) {
+            best = (int32_t)s;
+            best_score = score;
+        }
+    }
+    return best;
+}
+
+/* Start reading unit gu (tensor i, range [start, start+len)) into slot s. */
+static void start_read(struct sp_pager *pg, int32_t s, int64_t key, uint32_t i, uint64_t start, uint64_t len,
+                       bool prefetch) {
+    struct slot *sl = &pg->slots[s];
+    if (sl->key >= 0 && sl->pool != POOL_ROWS) pg->unit_slot[sl->key] = -1;
+    const struct sp_tensor_desc *t = &pg->mf->tensors[i];
+    const uint64_t a = align_down(t->offset + start), end = t->offset + start + len;
+    const uint64_t span = align_up(end) - a;
+    SP_ASSERT(span <= pg->pools[sl->pool].slot_bytes);
+    sl->key = key;
+    sl->tensor = i;
+    sl->unit_off = start;
+    sl->unit_len = len;
+    sl->data = sl->buf + (t->offset + start - a);
+    sl->state = SLOT_LOADING;
+    sl->prefetched = prefetch;
+    sl->used = false;
+    sl->last_use = ++pg->tick;
+    if (sl->pool != POOL_ROWS) pg->unit_slot[key] = s;
+    if (prefetch) pg->st.prefetch_issued++;
+    enqueue(pg, (struct io_req){.dst = sl->buf, .off = a, .len = span, .need = end - a, .slot = s}, !prefetch);
+}
+
+/* Keep the ring full: read ahead along the schedule while slots are free. */
+static void ring_fill(struct sp_pager *pg) {
+    const struct pool *po = &pg->pools[POOL_RING];
+    if (!pg->n_sched || !po->n) return;
+    for (uint32_t guard = 0; guard < po->n && guard < pg->n_sched; guard++) {
+        const struct sched_ent *e = &pg->sched[pg->sched_next];
+        if (pg->unit_slot[e->gu] < 0) {
+            const int32_t s = pick_victim(pg, POOL_RING, true, (int32_t)pg->sched_next);
+            if (s < 0) return;
+            start_read(pg, s, e->gu, e->tensor, e->start, e->len, true);
+        }
+        pg->sched_next = (pg->sched_next + 1) % pg->n_sched;
+    }
+}
+
+/* Wait (under mu) until slot s is not LOADING; account the wait. */
+static void wait_loaded(struct sp_pager *pg, int32_t s) {
+    if (pg->slots[s].state != SLOT_LOADING) return;
+    const double t0 = now_s();
+    while (pg->slots[s].state == SLOT_LOADING) pthread_cond_wait(&pg->cv_done, &pg->mu);
+    pg->st.wait_s += now_s() - t0;
+}
+
+static sp_status pin_streamed(struct sp_pager *pg, uint32_t i, uint64_t off, uint64_t nbytes, const void **out) {
+    const struct sp_tensor_desc *t = &pg->mf->tensors[i];
+    const struct sp_plan_tensor *pt = &pg->plan.t[i];
+    const bool rows = pt->place == SP_PLACE_ROWS;
+    const int k = rows ? POOL_ROWS : pt->place == SP_PLACE_EXPERT ? POOL_EXPERT : POOL_RING;
+    uint32_t u = 0;
+    uint64_t start, len;
+    int64_t key;
+    if (rows) { /* any range that fits a row slot, keyed by its exact position */
+        start = off;
+        len = nbytes;
+        if (sp_plan_span_bytes(len) > pg->pools[POOL_ROWS].slot_bytes) {
+            return sp_err(SP_E_INVALID, "%s: %llu bytes of '%s' exceed the row buffer (%llu)", __func__,
+                          (unsigned long long)nbytes, t->name, (unsigned long long)pg->pools[POOL_ROWS].slot_bytes);
+        }
+        key = (int64_t)(((uint64_t)i << 40) ^ off);
+    } else {
+        unit_of(pg, i, off, &u, &start, &len);
+        if (off + nbytes > start + len) {
+            return sp_err(SP_E_INVALID, "%s: range [%llu, +%llu) of '%s' spans more than one unit (%u rows)",
+                          __func__, (unsigned long long)off, (unsigned long long)nbytes, t->name, pt->unit_rows);
+        }
+        key = pg->first_unit[i] + u;
+    }
+    pthread_mutex_lock(&pg->mu);
+    int32_t s = -1;
+    if (rows) {
+        for (uint32_t j = pg->pools[k].first; j < pg->pools[k].first + pg->pools[k].n; j++) {
+            const struct slot *sl = &pg->slots[j];
+            if (sl->key == key && sl->tensor == i && sl->unit_off == start && sl->unit_len == len &&
+                sl->state != SLOT_FREE) {
+                s = (int32_t)j;
+                break;
+            }
+        }
+    } else {
+        s = pg->unit_slot[key];
+    }
+    if (k == POOL_EXPERT) pg->st.expert_pins++;
+    if (s >= 0 && pg->slots[s].state != SLOT_ERROR) {
+        if (pg->slots[s].state == SLOT_LOADING) pg->st.waits++;
+        else pg->st.hits++;
+        if (k == POOL_EXPERT) pg->st.expert_hits++;
+    } else {
+        pg->st.misses++;
+        for (;;) {
+            s = pick_victim(pg, k, false, k == POOL_RING ? pg->unit_sched[key] : -1);
+            if (s >= 0) break;
+            pthread_cond_wait(&pg->cv_done, &pg->mu); /* every slot busy: wait for an unpin or a read */
+        }
+        start_read(pg, s, key, i, start, len, false);
+    }
+    struct slot *sl = &pg->slots[s];
+    sl->refs++; /* held across the wait: nobody may evict it */
+    wait_loaded(pg, s);
+    if (sl->state == SLOT_ERROR) {
+        const int err = sl->err;
+        sl->refs--;
+        sl->state = SLOT_FREE;
+        if (!rows) pg->unit_slot[key] = -1;
+        sl->key = -1;
+        pthread_cond_broadcast(&pg->cv_done);
+        pthread_mutex_unlock(&pg->mu);
+        return sp_err(SP_E_IO, "%s: reading tensor '%s' bytes [%llu, +%llu) from '%s': %s", __func__, t->name,
+                      (unsigned long long)start, (unsigned long long)len, pg->mf->path, strerror(err));
+    }
+    if (sl->prefetched && !sl->used) pg->st.prefetch_used++;
+    sl->used = true;
+    sl->last_use = ++pg->tick;
+    if (k == POOL_RING) {
+        /* resynchronise the read-ahead when the forward pass is not where it expected */
+        const uint32_t pos = (uint32_t)pg->unit_sched[key];
+        const uint32_t dist = (pg->sched_next + pg->n_sched - pos) % pg->n_sched;
+        if (dist == 0 || dist > pg->pools[POOL_RING].n) pg->sched_next = (pos + 1) % pg->n_sched;
+        ring_fill(pg);
+    }
+    pg->st.pins++;
+    pthread_mutex_unlock(&pg->mu);
+    *out = sl->data + (off - start);
+    return SP_OK;
+}
+
 sp_status sp_pager_pin_range(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes,
                              const void **out) {
-    size_t i = tensor_index(pg, t);
+    const size_t i = tensor_index(pg, t);
     uint64_t end;
     if (sp_add_overflow_u64(off, nbytes, &end) || end > t->size) {
         return sp_err(SP_E_INVALID, "%s: range [%llu, +%llu) outside tensor '%s' (%llu bytes)", __func__,
                       (unsigned long long)off, (unsigned long long)nbytes, t->name, (unsigned long long)t->size);
+    }
+    if (pg->budgeted && !pg->applied) {
+        return sp_err(SP_E_STATE, "%s: the memory budget is not planned yet (create a session first)", __func__);
+    }
+    if (pg->streaming) {
+        if (pg->tptr[i]) {
+            atomic_fetch_add(&pg->pins[i], 1);
+            atomic_fetch_add(&pg->n_pins, 1);
+            *out = pg->tptr[i] + off;
+            return SP_OK;
+        }
+        return pin_streamed(pg, (uint32_t)i, off, nbytes, out);
     }
     if (!pg->map || t->offset < pg->base || t->offset - pg->base + end > pg->map_size) {
         return sp_err(SP_E_IO, "%s: tensor '%s' is not resident", __func__, t->name);
@@ -162,17 +875,83 @@ sp_status sp_pager_pin_range(struct sp_pager *pg, const struct sp_tensor_desc *t
     return SP_OK;
 }
 
-void sp_pager_unpin(struct sp_pager *pg, const struct sp_tensor_desc *t) {
-    size_t i = tensor_index(pg, t);
+void sp_pager_unpin(struct sp_pager *pg, const struct sp_tensor_desc *t, const void *p) {
+    const size_t i = tensor_index(pg, t);
+    if (pg->streaming && !pg->tptr[i]) {
+        const uint8_t *q = p;
+        SP_ASSERT(q >= pg->slot_region && q < pg->slot_region + pg->slot_size);
+        pthread_mutex_lock(&pg->mu);
+        /* the slot whose buffer holds p */
+        int32_t s = -1;
+        for (int k = 0; k < POOL_COUNT && s < 0; k++) {
+            const struct pool *po = &pg->pools[k];
+            if (!po->n) continue;
+            const uint8_t *b0 = pg->slots[po->first].buf;
+            if (q >= b0 && q < b0 + (uint64_t)po->n * po->slot_bytes) s = (int32_t)(po->first + (uint64_t)(q - b0) / po->slot_bytes);
+        }
+        SP_ASSERT(s >= 0 && pg->slots[s].refs > 0 && pg->slots[s].tensor == i); /* invariant 1 */
+        pg->slots[s].refs--;
+        pg->st.unpins++;
+        if (pg->slots[s].pool == POOL_RING) ring_fill(pg);
+        pthread_cond_broadcast(&pg->cv_done);
+        pthread_mutex_unlock(&pg->mu);
+        return;
+    }
     uint_fast32_t prev = atomic_fetch_sub(&pg->pins[i], 1);
     SP_ASSERT(prev > 0); /* invariant 1: one unpin per successful pin */
     atomic_fetch_add(&pg->n_unpins, 1);
 }
 
+void sp_pager_prefetch(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes) {
+    if (!pg->streaming) return;
+    const uint32_t i = (uint32_t)tensor_index(pg, t);
+    const struct sp_plan_tensor *pt = &pg->plan.t[i];
+    if (pt->place != SP_PLACE_EXPERT && pt->place != SP_PLACE_RING) return;
+    const uint64_t end = SP_MIN(t->size, off + nbytes);
+    const int k = pt->place == SP_PLACE_EXPERT ? POOL_EXPERT : POOL_RING;
+    pthread_mutex_lock(&pg->mu);
+    while (off < end) {
+        uint32_t u;
+        uint64_t start, len;
+        unit_of(pg, i, off, &u, &start, &len);
+        const uint32_t gu = pg->first_unit[i] + u;
+        if (pg->unit_slot[gu] < 0) {
+            const int32_t s = pick_victim(pg, k, true, -1);
+            if (s < 0) break;
+            start_read(pg, s, gu, i, start, len, true);
+        } else {
+            pg->slots[pg->unit_slot[gu]].last_use = ++pg->tick; /* wanted soon: keep it */
+        }
+        off = start + len;
+    }
+    pthread_mutex_unlock(&pg->mu);
+}
+
 void sp_pager_get_stats(const struct sp_pager *pg, struct sp_pager_stats *out) {
-    out->pins = atomic_load(&pg->n_pins);
-    out->unpins = atomic_load(&pg->n_unpins);
+    struct sp_pager *mpg = (struct sp_pager *)pg; /* the lock is not part of the logical state */
+    if (pg->streaming) pthread_mutex_lock(&mpg->mu);
+    *out = pg->st;
+    if (pg->streaming) pthread_mutex_unlock(&mpg->mu);
+    out->pins += atomic_load(&pg->n_pins);
+    out->unpins += atomic_load(&pg->n_unpins);
     out->outstanding = out->pins - out->unpins;
-    out->mapped_bytes = pg->map_size;
+    out->mapped_bytes = pg->streaming ? pg->pinned_size + pg->slot_size : pg->map_size;
     out->mode = pg->mode;
+    out->budgeted = pg->streaming;
+}
+
+const struct sp_plan *sp_pager_plan(const struct sp_pager *pg) {
+    return pg->budgeted && pg->applied ? &pg->plan : NULL;
+}
+
+double sp_pager_read_bps(const struct sp_pager *pg) {
+    return pg->read_bps;
+}
+
+double sp_pager_mem_bps(const struct sp_pager *pg) {
+    return pg->mem_bps;
+}
+
+uint64_t sp_pager_budget(const struct sp_pager *pg) {
+    return pg->cfg.budget;
 }

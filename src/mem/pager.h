@@ -1,18 +1,28 @@
 /*
  * pager.h -- the weight pager: the only way the forward pass reaches tensor
- * data.  Contract as SQLite's page cache: sp_pager_pin() returns a pointer to
- * the resident bytes of a tensor (or a byte range of it) that stays valid
- * until the matching sp_pager_unpin(); "one unpin per successful pin".
+ * data.  Contract as SQLite's page cache: sp_pager_pin_range() returns a
+ * pointer to resident bytes of a tensor that stays valid until the matching
+ * sp_pager_unpin() with that pointer; "one unpin per successful pin".
  *
- * This version keeps every weight resident (the model fits): either a
- * read-only mapping of the file, or one anonymous region (huge pages where
- * the OS allows) that the weights are read into at open.  The budgeted pager that streams, prefetches and
- * evicts under --mem-budget replaces the inside of these calls, not callers.
+ * Two back ends behind the same calls:
+ *  - resident (no budget, or a budget the whole model fits in): a read-only
+ *    mapping of the file, or one anonymous region the weights are read into;
+ *  - budgeted: a plan (plan.h) pins what the budget allows and streams the
+ *    rest through fixed pools of slots, reading exact spans of the file with
+ *    O_DIRECT on I/O threads, prefetching dense weights in forward order and
+ *    caching expert slices (LRU).  Nothing is allocated after the plan is
+ *    applied; all residency is accounted against the budget.
+ *
+ * Streamed tensors are cut into units of rows; a pin must lie inside one
+ * unit.  Callers ask sp_pager_unit_rows() and pin at most that many rows at a
+ * time, at multiples of it (for 3-D expert tensors: relative to the start of
+ * the expert's slice).  For resident tensors that is every row.
  */
 #ifndef SP_PAGER_H
 #define SP_PAGER_H
 
 #include "format/model_file.h"
+#include "mem/plan.h"
 
 struct sp_pager;
 
@@ -20,31 +30,88 @@ struct sp_pager_stats {
     uint64_t pins;        /* successful pins since open */
     uint64_t unpins;
     uint64_t outstanding; /* pins - unpins: must be 0 between tokens */
-    uint64_t mapped_bytes;
+    uint64_t mapped_bytes;/* resident weight bytes (region or pinned + pools) */
     enum sp_weight_mode mode; /* MMAP or LOAD (never AUTO) */
+    bool budgeted;        /* a budget plan is applied and something streams */
+    /* budgeted back end only (zero otherwise) */
+    uint64_t bytes_read;      /* bytes the pager read from storage after the plan was applied */
+    uint64_t hits, misses;    /* pins of streamed units found resident / read on demand */
+    uint64_t waits;           /* pins that found their unit still loading */
+    uint64_t expert_pins, expert_hits; /* expert units: pins, and pins found resident or loading */
+    uint64_t prefetch_issued, prefetch_used; /* prefetched units; of those, pinned before eviction */
+    double wait_s;            /* time pins spent waiting for reads */
+};
+
+struct sp_pager_config {
+    enum sp_weight_mode mode;  /* resident back end: MMAP or LOAD (AUTO = LOAD) */
+    uint64_t budget;           /* bytes; 0 = no budget (resident) */
+    const struct sp_tensor_desc *embed; /* input embedding when untied (read by rows), else NULL */
+    uint32_t n_experts, n_experts_used;
+    const struct sp_tensor_desc *const *order; /* forward order of the dense tensors (ring schedule) */
+    uint32_t n_order;
+    uint32_t io_threads;       /* 0 = default (4) */
 };
 
 /* Open mf's file for weight access.  mf must outlive the pager.  Checks the
- * file still has the size the directory was validated against.
+ * file still has the size the directory was validated against.  With a
+ * budget nothing is read until sp_pager_apply().
  * SP_E_IO (message names the path), SP_E_FORMAT, SP_E_NOMEM. */
-sp_status sp_pager_open(const struct sp_model_file *mf, enum sp_weight_mode mode, struct sp_pager **out);
+sp_status sp_pager_open(const struct sp_model_file *mf, const struct sp_pager_config *cfg, struct sp_pager **out);
 void sp_pager_close(struct sp_pager *pg);
+
+/* Tests and experiments: override the planner's unit size, small-tensor
+ * threshold, safety margin and the measured process size (base), so tiny
+ * models stream like big ones.  Zero fields keep the defaults.  Call before
+ * the first sp_pager_reserve. */
+struct sp_pager_tuning {
+    uint64_t unit_bytes, small_bytes;
+    bool margin_set, base_set;
+    uint64_t margin_bytes, base_bytes;
+    double read_bps, mem_bps; /* > 0: use instead of measuring */
+};
+void sp_pager_tune(struct sp_pager *pg, const struct sp_pager_tuning *t);
+
+/* Budgeted pagers: make the plan for sessions needing session_bytes (KV +
+ * scratch), measuring storage and memory speed when something streams.
+ * Does not apply it.  SP_E_NOMEM with the minimum budget in the message. */
+sp_status sp_pager_make_plan(struct sp_pager *pg, uint64_t session_bytes, struct sp_plan *out);
+
+/* Reserve session_bytes of the budget for a session.  The first call plans
+ * and applies (pins, allocates and locks the pools, starts the I/O threads);
+ * later calls must fit in what the plan left.  No-op without a budget. */
+sp_status sp_pager_reserve(struct sp_pager *pg, uint64_t session_bytes);
+void sp_pager_release(struct sp_pager *pg, uint64_t session_bytes);
+
+/* Rows of t one pin may cover (see above). */
+uint32_t sp_pager_unit_rows(const struct sp_pager *pg, const struct sp_tensor_desc *t);
 
 /* Pin nbytes of tensor t starting at byte off within it (off + nbytes <=
  * t->size, checked).  *out points at the bytes; valid until the unpin.
- * t must belong to the pager's model file.  May do I/O in later versions:
- * returns SP_E_IO then, never aborts. */
+ * t must belong to the pager's model file.  May wait for I/O: SP_E_IO when a
+ * read fails, SP_E_STATE before a budgeted pager is applied. */
 sp_status sp_pager_pin_range(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes,
                              const void **out);
 
-/* Pin a whole tensor. */
+/* Pin a whole tensor (only for tensors whose unit is the whole tensor). */
 static inline sp_status sp_pager_pin(struct sp_pager *pg, const struct sp_tensor_desc *t, const void **out) {
     return sp_pager_pin_range(pg, t, 0, t->size, out);
 }
 
-/* Release one pin of t (any range).  note: call only after a successful pin. */
-void sp_pager_unpin(struct sp_pager *pg, const struct sp_tensor_desc *t);
+/* Release the pin that returned p (p exactly as returned). */
+void sp_pager_unpin(struct sp_pager *pg, const struct sp_tensor_desc *t, const void *p);
+
+/* Hint: [off, off + nbytes) of t will be pinned soon.  Starts reads of the
+ * units it covers when slots are free; never waits, never fails. */
+void sp_pager_prefetch(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes);
 
 void sp_pager_get_stats(const struct sp_pager *pg, struct sp_pager_stats *out);
+
+/* The applied plan, or NULL (no budget, or not applied yet). */
+const struct sp_plan *sp_pager_plan(const struct sp_pager *pg);
+
+/* Measured speeds used by the planner (bytes/s); 0 before measured. */
+double sp_pager_read_bps(const struct sp_pager *pg);
+double sp_pager_mem_bps(const struct sp_pager *pg);
+uint64_t sp_pager_budget(const struct sp_pager *pg);
 
 #endif /* SP_PAGER_H */

@@ -95,18 +95,32 @@ void sp_fwd_free(struct sp_fwd *f) {
 
 /* ---- pinned weight helpers ---------------------------------------------- */
 
-/* Y = X W^T for weight t (ne = {n_in, n_out}): n_tok rows of x (n_in floats,
- * x_ld apart) give n_tok rows of y (n_out floats, y_ld apart). */
-static sp_status matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, const float *x,
-                        int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld) {
-    const void *w;
-    sp_status rc = sp_pager_pin(m->pager, t, &w);
-    if (rc) return rc;
+/* Y = X W^T for rows [row0, row0 + n_rows) of weight t (ne = {n_in, ...}):
+ * n_tok rows of x (n_in floats, x_ld apart) give n_tok rows of y (n_rows
+ * floats, y_ld apart).  The weight is pinned one pager unit at a time, so a
+ * streamed tensor never needs to be resident whole; row0 must start a unit
+ * (0, or an expert's first row). */
+sp_status sp_matmul_rows(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, uint64_t row0,
+                         uint32_t n_rows, const float *x, int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld) {
     size_t stride;
     const void *xc = sp_act_convert(t->type, x, t->ne[0], x_ld, n_tok, f->xq, &stride);
-    sp_matmul(f->pool, t->type, w, t->ne[0], t->ne[1], xc, stride, n_tok, y, y_ld);
-    sp_pager_unpin(m->pager, t);
+    const uint64_t row_bytes = sp_qtype_row_bytes(t->type, t->ne[0]);
+    const uint32_t unit = sp_pager_unit_rows(m->pager, t);
+    for (uint32_t r = 0; r < n_rows; r += unit) {
+        const uint32_t nr = SP_MIN(unit, n_rows - r);
+        const void *w;
+        sp_status rc = sp_pager_pin_range(m->pager, t, (row0 + r) * row_bytes, (uint64_t)nr * row_bytes, &w);
+        if (rc) return rc;
+        sp_matmul(f->pool, t->type, w, t->ne[0], nr, xc, stride, n_tok, y + r, y_ld);
+        sp_pager_unpin(m->pager, t, w);
+    }
     return SP_OK;
+}
+
+/* Y = X W^T over all rows of a 2-D weight t (ne = {n_in, n_out}). */
+static sp_status matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, const float *x,
+                        int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld) {
+    return sp_matmul_rows(m, f, t, 0, (uint32_t)t->ne[1], x, x_ld, n_tok, y, y_ld);
 }
 
 /* out row i = rmsnorm(x row i) * weight t, for n_rows rows of n floats. */
@@ -116,7 +130,7 @@ static sp_status norm(struct sp_model *m, const struct sp_tensor_desc *t, const 
     sp_status rc = sp_pager_pin(m->pager, t, &w);
     if (rc) return rc;
     for (uint32_t i = 0; i < n_rows; i++) sp_rmsnorm(out + i * n, x + i * n, w, n, m->mf->hp.rms_eps);
-    sp_pager_unpin(m->pager, t);
+    sp_pager_unpin(m->pager, t, w);
     return SP_OK;
 }
 
@@ -131,7 +145,7 @@ static sp_status add_bias(struct sp_model *m, const struct sp_tensor_desc *t, fl
     for (uint32_t r = 0; r < n_rows; r++) {
         for (int64_t i = 0; i < n; i++) x[r * n + i] += b[i];
     }
-    sp_pager_unpin(m->pager, t);
+    sp_pager_unpin(m->pager, t, w);
     return SP_OK;
 }
 
@@ -143,7 +157,7 @@ static sp_status head_norm(struct sp_model *m, const struct sp_tensor_desc *t, f
     sp_status rc = sp_pager_pin(m->pager, t, &w);
     if (rc) return rc;
     for (uint32_t h = 0; h < n_heads; h++) sp_rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, m->mf->hp.rms_eps);
-    sp_pager_unpin(m->pager, t);
+    sp_pager_unpin(m->pager, t, w);
     return SP_OK;
 }
 
@@ -155,7 +169,7 @@ static sp_status embed(struct sp_model *m, int32_t token, float *x) {
     sp_status rc = sp_pager_pin_range(m->pager, t, (uint64_t)token * row, row, &w);
     if (rc) return rc;
     sp_qtraits_get(t->type)->to_float(w, x, t->ne[0]);
-    sp_pager_unpin(m->pager, t);
+    sp_pager_unpin(m->pager, t, w);
     return SP_OK;
 }
 
@@ -258,6 +272,6 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
     }
 #undef TRY
 out:
-    if (m->rope_freqs) sp_pager_unpin(m->pager, m->rope_freqs);
+    if (m->rope_freqs) sp_pager_unpin(m->pager, m->rope_freqs, freq_factors);
     return rc;
 }

@@ -38,6 +38,8 @@ struct sp_model {
     const struct sp_tensor_desc *output;      /* (n_vocab, n_embd); == tok_embd when tied */
     const struct sp_tensor_desc *rope_freqs;  /* (rope_dims/2) Llama 3.1 frequency factors, or NULL */
     struct sp_layer_weights *layers;          /* (n_layers) */
+    const struct sp_tensor_desc **order;      /* dense tensors in forward order (the pager's schedule) */
+    uint32_t n_order;
     uint64_t n_params;
     uint64_t tensor_bytes;
     uint64_t bytes_per_token;
@@ -83,5 +85,10 @@ uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch
  * provide a weight. */
 sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const int32_t *tokens,
                      uint32_t n_tok, uint32_t pos0, float *logits);
+
+/* Y = X W^T for rows [row0, row0 + n_rows) of weight t, pinned one pager
+ * unit at a time (row0: 0 or the first row of an expert's slice). */
+sp_status sp_matmul_rows(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, uint64_t row0,
+                         uint32_t n_rows, const float *x, int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld);
 
 #endif /* SP_MODEL_H */

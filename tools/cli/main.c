@@ -54,6 +54,7 @@ static void help_main(FILE *f) {
             "  bench      measure load time, time to first token, prefill and decode speed,\n"
             "             peak memory and bytes read (a table, or JSON)\n"
             "  synth      write a model file with random weights in a real model's shape\n"
+            "  plan       show how a model's weights would be placed under a memory budget\n"
             "  help [COMMAND]  this text, or a command's options\n"
             "\n"
             "options:\n"
@@ -115,6 +116,10 @@ static void help_run(FILE *f) {
             "  -b, --batch N           tokens per forward pass when feeding the prompt,\n"
             "                          1..%d; 0 = the library's default (128)\n"
             "      --kv-type TYPE      KV cache element type: f32 or f16 (default: %s)\n"
+            "      --mem-budget SIZE   keep at most SIZE resident (weights, KV cache, scratch);\n"
+            "                          binary units: 7.5G = 7.5 GiB, 512M.  What does not fit\n"
+            "                          streams from storage (see 'sparrow plan').  Default:\n"
+            "                          no budget, every weight resident\n"
             "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
             "                          beside the model)\n"
             "  -v, --verbose           print the library's log messages on stderr\n"
@@ -275,6 +280,33 @@ static uint64_t parse_u64(struct argp *a, const char *s) {
     return (uint64_t)v;
 }
 
+/* A memory size: a number with an optional binary unit -- K, M, G, T (also
+ * KiB, MiB, GiB, TiB; case-insensitive): "7.5G" = 7.5 GiB, "512M", or plain
+ * bytes.  Must be > 0. */
+static uint64_t parse_size(struct argp *a, const char *s) {
+    char *end;
+    errno = 0;
+    const double v = strtod(s, &end);
+    if (end == s || !(s[0] >= '0' && s[0] <= '9') || errno == ERANGE || !(v > 0)) {
+        usage_error(a->cmd, "%s: expected a size such as 7.5G, 512M or 1048576, got '%s'", a->name, s);
+    }
+    double mul = 1;
+    const char *u = end;
+    switch (*u) {
+    case 'k': case 'K': mul = 1024.0; u++; break;
+    case 'm': case 'M': mul = 1048576.0; u++; break;
+    case 'g': case 'G': mul = 1073741824.0; u++; break;
+    case 't': case 'T': mul = 1099511627776.0; u++; break;
+    default: break;
+    }
+    if (mul > 1 && (u[0] == 'i' || u[0] == 'I') && (u[1] == 'b' || u[1] == 'B')) u += 2;
+    else if (mul > 1 && (u[0] == 'b' || u[0] == 'B')) u++;
+    if (*u != '\0') usage_error(a->cmd, "%s: unknown unit in '%s' (use K, M, G or T: binary units)", a->name, s);
+    const double bytes = v * mul;
+    if (bytes < 1 || bytes > 1.8e19) usage_error(a->cmd, "%s: size out of range: '%s'", a->name, s);
+    return (uint64_t)bytes;
+}
+
 /* A finite number in [lo, hi], or in (lo, hi] when lo_open. */
 static double parse_num(struct argp *a, const char *s, double lo, double hi, int lo_open) {
     char *end;
@@ -396,10 +428,12 @@ static sp_status piece_of(const struct sp_model *m, int32_t tok, struct piece_bu
     return rc;
 }
 
-static sp_status load_model(const char *path, const char *tokenizer, bool vocab_only, struct sp_model **out) {
+static sp_status load_model(const char *path, const char *tokenizer, bool vocab_only, uint64_t mem_budget,
+                            struct sp_model **out) {
     struct sp_model_params mp = sp_model_default_params();
     mp.tokenizer_path = tokenizer;
     mp.vocab_only = vocab_only;
+    mp.mem_budget = mem_budget;
     return sp_model_load(path, &mp, out);
 }
 
@@ -439,6 +473,7 @@ static int cmd_run(int argc, char **argv) {
     sp.sampling.repeat_last_n = DEF_REPEAT_LAST_N;
     sp.n_ctx = 0;
     sp.n_threads = default_threads();
+    uint64_t mem_budget = 0;
 
     for (a.i = 1; a.i < argc; a.i++) {
         const char *arg = argv[a.i];
@@ -470,6 +505,8 @@ static int cmd_run(int argc, char **argv) {
             have_seed = true;
         } else if (session_opt(&a, &sp)) {
             /* -t, -c, -b, --kv-type */
+        } else if (opt_is(&a, NULL, "--mem-budget")) {
+            mem_budget = parse_size(&a, opt_value(&a));
         } else if (opt_is(&a, NULL, "--tokenizer")) {
             tokenizer = opt_value(&a);
         } else if (opt_is(&a, "-v", "--verbose")) {
@@ -509,7 +546,7 @@ static int cmd_run(int argc, char **argv) {
 
     sp_log_set(cli_log, &log_verbose);
     const double t_load0 = now_s();
-    rc = load_model(model_path, tokenizer, false, &model);
+    rc = load_model(model_path, tokenizer, false, mem_budget, &model);
     if (rc != SP_OK) {
         ret = lib_error("loading the model", rc);
         goto done;
@@ -661,7 +698,7 @@ static int cmd_tokenize(int argc, char **argv) {
         len = strlen(text);
     }
     sp_log_set(cli_log, &log_verbose);
-    rc = load_model(model_path, tokenizer, true, &model);
+    rc = load_model(model_path, tokenizer, true, 0, &model);
     if (rc != SP_OK) {
         ret = lib_error("loading the vocabulary", rc);
         goto done;
@@ -763,7 +800,7 @@ static int cmd_inspect(int argc, char **argv) {
     char b1[64], b2[64];
     sp_status rc;
     sp_log_set(cli_log, &log_verbose);
-    rc = load_model(model_path, tokenizer, vocab_only, &model);
+    rc = load_model(model_path, tokenizer, vocab_only, 0, &model);
     if (rc != SP_OK) return lib_error("loading the model", rc);
     rc = sp_model_get_info(model, &mi);
     if (rc != SP_OK) {
@@ -1115,6 +1152,11 @@ static void help_bench(FILE *f) {
             "      --weights MODE      how resident weights are held: auto, mmap (pointers\n"
             "                          into the file mapping) or load (read into anonymous,\n"
             "                          huge-page memory) (default: auto)\n"
+            "      --mem-budget SIZE   keep at most SIZE resident (binary units: 7.5G); adds\n"
+            "                          mem_budget_bytes to the JSON.  expert_hit_rate (MoE:\n"
+            "                          expert slices found cached) and prefetch_accuracy\n"
+            "                          (prefetched units used before eviction) are measured\n"
+            "                          over the decodes; null where they do not apply\n"
             "      --cold              evict the model file from the page cache before each\n"
             "                          repetition (posix_fadvise DONTNEED)\n"
             "      --json              print one JSON object on stdout instead of the table:\n"
@@ -1134,6 +1176,7 @@ static const char *weights_name(enum sp_weight_mode w) {
 struct bench_run {
     double load_s, ttft_s, prefill_tps, decode_tps, decode_ms_per_token;
     double peak_rss_bytes, bytes_read, rchar, bytes_read_per_token;
+    double expert_hit_rate, prefetch_accuracy; /* over the decodes; NaN (null) when not applicable */
 };
 
 /* The fields a repetition reports, in output order (a table keeps the JSON
@@ -1152,6 +1195,8 @@ static const struct {
     {"bytes_read", offsetof(struct bench_run, bytes_read), 1},
     {"rchar", offsetof(struct bench_run, rchar), 1},
     {"bytes_read_per_token", offsetof(struct bench_run, bytes_read_per_token), 1},
+    {"expert_hit_rate", offsetof(struct bench_run, expert_hit_rate), 0},
+    {"prefetch_accuracy", offsetof(struct bench_run, prefetch_accuracy), 0},
 };
 
 static double *bench_field(struct bench_run *r, size_t i) {
@@ -1240,8 +1285,8 @@ static void json_fields(struct bench_run *r) {
 
 /* One repetition: load, prompt, n_gen decodes; fills r.  Returns an exit
  * code (EXIT_OK or EXIT_RUNTIME, message printed). */
-static int bench_once(const char *path, enum sp_weight_mode weights, struct sp_session_params sp, int n_prompt,
-                      int n_gen, struct bench_run *r, struct sp_model_info *info) {
+static int bench_once(const char *path, enum sp_weight_mode weights, uint64_t mem_budget, struct sp_session_params sp,
+                      int n_prompt, int n_gen, struct bench_run *r, struct sp_model_info *info) {
     struct sp_model *model = NULL;
     struct sp_session *sess = NULL;
     int32_t *toks = NULL;
@@ -1254,6 +1299,8 @@ static int bench_once(const char *path, enum sp_weight_mode weights, struct sp_s
     proc_io(&io0, &rc0);
     struct sp_model_params mp = sp_model_default_params();
     mp.weights = weights;
+    mp.mem_budget = mem_budget;
+    struct sp_mem_stats ms1, ms2;
     const double t0 = now_s();
     rc = sp_model_load(path, &mp, &model);
     if (rc != SP_OK) {
@@ -1300,6 +1347,7 @@ static int bench_once(const char *path, enum sp_weight_mode weights, struct sp_s
     r->ttft_s = tp2 - tp0;
     r->prefill_tps = n_prompt / (tp1 - tp0);
     proc_io(&io1, &rc1);
+    (void)sp_model_get_mem_stats(model, &ms1);
 
     double t_dec = 0;
     for (int i = 0; i < n_gen; i++) {
@@ -1317,6 +1365,12 @@ static int bench_once(const char *path, enum sp_weight_mode weights, struct sp_s
     r->decode_tps = n_gen > 0 ? n_gen / t_dec : NAN;
     r->decode_ms_per_token = n_gen > 0 ? t_dec * 1000.0 / n_gen : NAN;
     proc_io(&io2, &rc2);
+    (void)sp_model_get_mem_stats(model, &ms2);
+    const uint64_t e_pins = ms2.expert_pins - ms1.expert_pins, pf = ms2.prefetch_issued - ms1.prefetch_issued;
+    r->expert_hit_rate = info->n_experts > 0 && e_pins ? (double)(ms2.expert_hits - ms1.expert_hits) / e_pins
+                         : info->n_experts > 0 && n_gen > 0 ? 1.0
+                                                            : NAN;
+    r->prefetch_accuracy = pf ? (double)(ms2.prefetch_used - ms1.prefetch_used) / pf : NAN;
     r->peak_rss_bytes = proc_hwm();
     r->bytes_read = io0 >= 0 && io2 >= 0 ? io2 - io0 : NAN;
     r->rchar = rc0 >= 0 && rc2 >= 0 ? rc2 - rc0 : NAN;
@@ -1334,6 +1388,7 @@ static int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL;
     long long n_prompt = DEF_BENCH_PROMPT, n_gen = DEF_BENCH_GEN, reps = DEF_BENCH_REPS;
     bool json = false, cold = false;
+    uint64_t mem_budget = 0;
     enum sp_weight_mode weights = SP_WEIGHTS_AUTO;
     struct sp_session_params sp = sp_session_default_params();
     sp.n_threads = default_threads();
@@ -1361,6 +1416,8 @@ static int cmd_bench(int argc, char **argv) {
             else if (strcmp(v, "mmap") == 0) weights = SP_WEIGHTS_MMAP;
             else if (strcmp(v, "load") == 0) weights = SP_WEIGHTS_LOAD;
             else usage_error(a.cmd, "%s: expected auto, mmap or load, got '%s'", a.name, v);
+        } else if (opt_is(&a, NULL, "--mem-budget")) {
+            mem_budget = parse_size(&a, opt_value(&a));
         } else if (opt_is(&a, NULL, "--cold")) {
             opt_no_value(&a);
             cold = true;
@@ -1394,8 +1451,10 @@ static int cmd_bench(int argc, char **argv) {
     if (!json) {
         char batch[16];
         snprintf(batch, sizeof batch, sp.n_batch ? "%d" : "default", (int)sp.n_batch);
-        printf("model %s: threads %d, prompt %lld, gen %lld, ctx %d, batch %s, weights %s%s\n", model_path,
-               (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, batch, weights_name(weights),
+        char budget[32] = "";
+        if (mem_budget) snprintf(budget, sizeof budget, ", budget %.2f GiB", mem_budget / 1073741824.0);
+        printf("model %s: threads %d, prompt %lld, gen %lld, ctx %d, batch %s, weights %s%s%s\n", model_path,
+               (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, batch, weights_name(weights), budget,
                cold ? ", cold page cache" : "");
         printf("%4s %8s %8s %11s %10s %9s %12s %12s %12s\n", "rep", "load s", "ttft s", "prefill t/s", "decode t/s",
                "ms/token", "peak RSS MiB", "read MiB", "read/token");
@@ -1405,7 +1464,7 @@ static int cmd_bench(int argc, char **argv) {
         if (cold && evict_file(model_path) != 0 && i == 0) {
             fprintf(stderr, "sparrow: bench: warning: cannot evict '%s' from the page cache\n", model_path);
         }
-        if ((ret = bench_once(model_path, weights, sp, (int)n_prompt, (int)n_gen, &runs[i], &info)) != EXIT_OK) {
+        if ((ret = bench_once(model_path, weights, mem_budget, sp, (int)n_prompt, (int)n_gen, &runs[i], &info)) != EXIT_OK) {
             goto done;
         }
         if (!json) {
@@ -1429,6 +1488,9 @@ static int cmd_bench(int argc, char **argv) {
                "\"weights\": \"%s\", ",
                SPARROW_VERSION, (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, (int)sp.n_batch, reps,
                cold ? "true" : "false", kv_type_name(sp.kv_type), weights_name(weights));
+        printf("\"mem_budget_bytes\": ");
+        json_number(mem_budget ? (double)mem_budget : NAN, 1);
+        printf(", \"n_experts\": %d, \"n_experts_used\": %d, ", (int)info.n_experts, (int)info.n_experts_used);
         printf("\"model_file_size\": %" PRIu64 ", \"model_tensor_bytes\": %" PRIu64
                ", \"model_bytes_per_token\": %" PRIu64 ", \"model_params\": %" PRIu64 ", ",
                info.file_size, info.tensor_bytes, info.bytes_per_token, info.n_params);
@@ -1447,6 +1509,10 @@ static int cmd_bench(int argc, char **argv) {
                r->bytes_read / 1048576.0, r->bytes_read_per_token);
         printf("model: %.2f GiB of tensors, %.1f MiB touched per decoded token\n",
                (double)info.tensor_bytes / 1073741824.0, (double)info.bytes_per_token / 1048576.0);
+        if (isfinite(r->expert_hit_rate) || isfinite(r->prefetch_accuracy)) {
+            printf("experts: hit rate %.3f, prefetch accuracy %.3f (medians over the decodes)\n", r->expert_hit_rate,
+                   r->prefetch_accuracy);
+        }
     }
     if (fflush(stdout) != 0) {
         fprintf(stderr, "sparrow: bench: cannot write to stdout: %s\n", strerror(errno));
@@ -1457,6 +1523,152 @@ static int cmd_bench(int argc, char **argv) {
 done:
     free(runs);
     free(col);
+    return ret;
+}
+
+
+/* ---- plan ----------------------------------------------------------------------- */
+
+static void help_plan(FILE *f) {
+    fprintf(f,
+            "usage: sparrow plan -m MODEL --mem-budget SIZE [OPTIONS]\n"
+            "\n"
+            "Print how Sparrow would place MODEL's weights under a memory budget, without\n"
+            "running it: what stays resident (pinned), what streams from storage and through\n"
+            "which buffers, the expert cache, the bytes a decoded token touches and reads,\n"
+            "and the predicted decode speed.  Storage and memory read speeds are measured\n"
+            "(~0.2 s) when something must stream.  A budget too small to run the model is\n"
+            "refused with the minimum (exit status 1).\n"
+            "\n"
+            "options:\n"
+            "  -m, --model FILE        model file; required\n"
+            "      --mem-budget SIZE   the budget, binary units (7.5G = 7.5 GiB); required\n"
+            "  -c, --ctx-size N        context length of the session planned for, 0 = the\n"
+            "                          model's, capped at 4096 (default: 0)\n"
+            "  -b, --batch N           prompt batch of that session (default: 128)\n"
+            "  -t, --threads N         accepted for symmetry with run; does not change the plan\n"
+            "      --kv-type TYPE      KV cache element type: f32 or f16 (default: f32)\n"
+            "      --json              print one JSON object instead of the table\n"
+            "  -v, --verbose           print the library's log messages on stderr\n"
+            "  -h, --help              print this help and exit\n"
+            "\n"
+            "exit status: 0 success, 1 runtime or library error, 2 usage error.\n");
+}
+
+static const char *const wclass_names[SP_WCLASS_COUNT] = {"small (norms, routers)", "dense (attention, FFN, output)",
+                                                          "routed experts", "input embedding"};
+static const char *const wclass_keys[SP_WCLASS_COUNT] = {"small", "dense", "expert", "embed"};
+
+static int cmd_plan(int argc, char **argv) {
+    struct argp a = {.cmd = "plan", .argc = argc, .argv = argv};
+    const char *model_path = NULL;
+    uint64_t mem_budget = 0;
+    bool json = false;
+    struct sp_session_params sp = sp_session_default_params();
+    for (a.i = 1; a.i < argc; a.i++) {
+        const char *arg = argv[a.i];
+        if (opt_is(&a, "-h", "--help")) {
+            help_plan(stdout);
+            return EXIT_OK;
+        } else if (opt_is(&a, "-m", "--model")) {
+            model_path = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--mem-budget")) {
+            mem_budget = parse_size(&a, opt_value(&a));
+        } else if (session_opt(&a, &sp)) {
+            /* -t, -c, -b, --kv-type */
+        } else if (opt_is(&a, NULL, "--json")) {
+            opt_no_value(&a);
+            json = true;
+        } else if (opt_is(&a, "-v", "--verbose")) {
+            opt_no_value(&a);
+            log_verbose = 1;
+        } else if (is_option(arg)) {
+            unknown_option(&a);
+        } else {
+            usage_error(a.cmd, "unexpected argument '%s' (the model goes after -m)", arg);
+        }
+    }
+    if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow plan --help')");
+    if (!mem_budget) usage_error(a.cmd, "--mem-budget SIZE is required (see 'sparrow plan --help')");
+    sp_log_set(cli_log, &log_verbose);
+    struct sp_model *model = NULL;
+    struct sp_model_info mi;
+    struct sp_plan_info pi;
+    int ret = EXIT_RUNTIME;
+    sp_status rc = load_model(model_path, NULL, false, mem_budget, &model);
+    if (rc != SP_OK) {
+        ret = lib_error("loading the model", rc);
+        goto done;
+    }
+    if ((rc = sp_model_get_info(model, &mi)) != SP_OK || (rc = sp_model_plan(model, &sp, &pi)) != SP_OK) {
+        ret = lib_error("planning", rc);
+        goto done;
+    }
+    const double G = 1073741824.0, M = 1048576.0;
+    if (json) {
+        printf("{\"model\": ");
+        json_string(model_path);
+        printf(", \"mem_budget_bytes\": %" PRIu64 ", \"resident\": %s, \"base_bytes\": %" PRIu64
+               ", \"session_bytes\": %" PRIu64 ", \"pinned_bytes\": %" PRIu64 ", \"ring_bytes\": %" PRIu64
+               ", \"ring_slots\": %u, \"expert_cache_bytes\": %" PRIu64 ", \"expert_slots\": %u, \"expert_units\": %" PRIu64
+               ", \"row_bytes\": %" PRIu64 ", \"overhead_bytes\": %" PRIu64 ", \"total_bytes\": %" PRIu64
+               ", \"min_budget_bytes\": %" PRIu64 ", ",
+               pi.budget, pi.resident ? "true" : "false", pi.base_bytes, pi.session_bytes, pi.pinned_bytes, pi.ring_bytes,
+               pi.ring_slots, pi.expert_cache_bytes, pi.expert_slots, pi.expert_units, pi.row_bytes, pi.overhead_bytes,
+               pi.total_bytes, pi.min_budget);
+        printf("\"read_bps\": ");
+        json_number(pi.read_bps > 0 ? pi.read_bps : NAN, 1);
+        printf(", \"mem_bps\": ");
+        json_number(pi.mem_bps > 0 ? pi.mem_bps : NAN, 1);
+        printf(", \"touched_bytes_per_token\": %.0f, \"read_bytes_per_token\": %.0f, \"expert_hit_rate\": ",
+               pi.touched_bytes_per_token, pi.read_bytes_per_token);
+        json_number(mi.n_experts > 0 ? pi.expert_hit_rate : NAN, 0);
+        printf(", \"predicted_tps\": ");
+        json_number(pi.predicted_tps, 0);
+        printf(", \"classes\": {");
+        for (int k = 0; k < SP_WCLASS_COUNT; k++) {
+            printf("%s\"%s\": {\"bytes\": %" PRIu64 ", \"pinned_bytes\": %" PRIu64 "}", k ? ", " : "", wclass_keys[k],
+                   pi.class_bytes[k], pi.class_pinned[k]);
+        }
+        printf("}}\n");
+    } else {
+        printf("model %s: %.2f GiB of tensors, budget %.2f GiB\n", model_path, mi.tensor_bytes / G, pi.budget / G);
+        if (pi.resident) {
+            printf("placement: everything resident (the model fits); nothing streams\n");
+        } else {
+            printf("placement: %.2f GiB pinned, the rest streams from storage\n", pi.pinned_bytes / G);
+        }
+        printf("\n%-32s %12s %12s %12s\n", "weights", "MiB", "pinned MiB", "streamed MiB");
+        for (int k = 0; k < SP_WCLASS_COUNT; k++) {
+            if (!pi.class_bytes[k]) continue;
+            printf("%-32s %12.1f %12.1f %12.1f\n", wclass_names[k], pi.class_bytes[k] / M, pi.class_pinned[k] / M,
+                   (pi.class_bytes[k] - pi.class_pinned[k]) / M);
+        }
+        printf("\n%-32s %12s\n", "memory", "MiB");
+        printf("%-32s %12.1f\n", "process (code, heap, tokenizer)", pi.base_bytes / M);
+        printf("%-32s %12.1f\n", "session (KV cache, scratch)", pi.session_bytes / M);
+        printf("%-32s %12.1f\n", "pinned weights", pi.pinned_bytes / M);
+        if (pi.ring_slots) printf("%-32s %12.1f  (%u slots, read ahead in forward order)\n", "streaming ring",
+                                  pi.ring_bytes / M, pi.ring_slots);
+        if (pi.expert_slots) printf("%-32s %12.1f  (%u of %" PRIu64 " expert slices)\n", "expert cache",
+                                    pi.expert_cache_bytes / M, pi.expert_slots, pi.expert_units);
+        if (pi.row_bytes) printf("%-32s %12.1f\n", "embedding row buffers", pi.row_bytes / M);
+        printf("%-32s %12.1f\n", "bookkeeping and margin", pi.overhead_bytes / M);
+        printf("%-32s %12.1f  (budget %.1f, minimum %.1f)\n", "total", pi.total_bytes / M, pi.budget / M,
+               pi.min_budget / M);
+        printf("\nper decoded token: %.1f MiB touched, %.1f MiB read from storage", pi.touched_bytes_per_token / M,
+               pi.read_bytes_per_token / M);
+        if (mi.n_experts > 0) printf(", expert hit rate %.3f (uniform routing)", pi.expert_hit_rate);
+        printf("\n");
+        if (pi.read_bps > 0) {
+            printf("measured: storage %.2f GB/s, memory %.2f GB/s (one thread)\n", pi.read_bps / 1e9, pi.mem_bps / 1e9);
+        }
+        if (pi.predicted_tps > 0 && !pi.resident) printf("predicted decode: %.2f tok/s\n", pi.predicted_tps);
+        else printf("predicted decode: as without a budget (see 'sparrow bench')\n");
+    }
+    ret = fflush(stdout) == 0 ? EXIT_OK : EXIT_RUNTIME;
+done:
+    sp_model_free(model);
     return ret;
 }
 
@@ -1472,6 +1684,7 @@ static const struct {
     {"inspect", cmd_inspect, help_inspect},
     {"synth", cmd_synth, help_synth},
     {"bench", cmd_bench, help_bench},
+    {"plan", cmd_plan, help_plan},
 };
 
 int main(int argc, char **argv) {
