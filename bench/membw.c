@@ -227,6 +227,43 @@ static int mem_mode(size_t size, int passes, const char *list, int json) {
 /* ---- file mode -------------------------------------------------------- */
 
 /* Read path sequentially in blocks; returns GB/s or -1 (message printed). */
+static uint64_t file_limit = UINT64_MAX; /* --limit: bytes to read at most */
+static int file_qd = 1;                   /* --qd: reads in flight (threads) */
+
+/* One of file_qd readers: blocks k with k % qd == id, until EOF or the limit. */
+struct qd_job {
+    int fd, id;
+    size_t block;
+    uint64_t total;
+    int err;
+};
+
+static void *qd_main(void *arg) {
+    struct qd_job *j = arg;
+    void *buf = NULL;
+    if (posix_memalign(&buf, 4096, j->block) != 0) {
+        j->err = ENOMEM;
+        return NULL;
+    }
+    for (uint64_t k = (uint64_t)j->id;; k += (uint64_t)file_qd) {
+        const uint64_t off = k * j->block;
+        if (off >= file_limit) break;
+        ssize_t got = pread(j->fd, buf, j->block, (off_t)off);
+        if (got < 0 && errno == EINTR) {
+            k -= (uint64_t)file_qd;
+            continue;
+        }
+        if (got < 0) {
+            j->err = errno;
+            break;
+        }
+        if (got == 0) break;
+        j->total += (uint64_t)got;
+    }
+    free(buf);
+    return NULL;
+}
+
 static double file_read(const char *path, size_t block, int direct, int drop, uint64_t *bytes_out) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
     if (fd < 0) {
@@ -234,6 +271,30 @@ static double file_read(const char *path, size_t block, int direct, int drop, ui
         return -1;
     }
     if (drop) (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    if (file_qd > 1) {
+        struct qd_job jobs[64];
+        pthread_t th[64];
+        const double t0 = now_s();
+        int started = 0, err = 0;
+        uint64_t total = 0;
+        for (int k = 0; k < file_qd; k++) {
+            jobs[k] = (struct qd_job){.fd = fd, .id = k, .block = block};
+            if (pthread_create(&th[k], NULL, qd_main, &jobs[k]) == 0) started++;
+        }
+        for (int k = 0; k < started; k++) {
+            pthread_join(th[k], NULL);
+            total += jobs[k].total;
+            if (jobs[k].err) err = jobs[k].err;
+        }
+        const double dt = now_s() - t0;
+        close(fd);
+        if (err || started != file_qd) {
+            fprintf(stderr, "membw: read '%s': %s\n", path, err ? strerror(err) : "cannot start threads");
+            return -1;
+        }
+        *bytes_out = total;
+        return total ? (double)total / dt / 1e9 : -1;
+    }
     void *buf = NULL;
     if (posix_memalign(&buf, 4096, block) != 0) {
         close(fd);
@@ -251,6 +312,7 @@ static double file_read(const char *path, size_t block, int direct, int drop, ui
         }
         if (got == 0) break;
         total += (uint64_t)got;
+        if (total >= file_limit) break;
     }
     const double dt = now_s() - t0;
     free(buf);
@@ -259,17 +321,18 @@ static double file_read(const char *path, size_t block, int direct, int drop, ui
     return total ? (double)total / dt / 1e9 : -1;
 }
 
-static int file_mode(const char *path, size_t block, int passes, int json) {
+static int file_mode(const char *path, size_t block, int passes, int json, const char *only) {
     static const struct {
         const char *name;
         int direct, drop;
     } modes[] = {{"buffered", 0, 0}, {"buffered_cold", 0, 1}, {"direct", 1, 0}};
-    if (json) printf("{\"mode\": \"file\", \"file\": \"%s\", \"block_bytes\": %zu, \"results\": [", path, block);
+    if (json) printf("{\"mode\": \"file\", \"file\": \"%s\", \"block_bytes\": %zu, \"qd\": %d, \"results\": [", path, block, file_qd);
     else printf("file read speed: %s, %zu KiB blocks, %d passes\n%14s %12s %12s\n", path, block >> 10, passes,
                 "mode", "median GB/s", "best GB/s");
     double *g = calloc((size_t)passes, sizeof *g);
     int first = 1;
     for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        if (only && strcmp(only, modes[m].name) != 0) continue;
         uint64_t bytes = 0;
         int ok = 1;
         for (int k = 0; k < passes && ok; k++) {
@@ -293,16 +356,18 @@ static int file_mode(const char *path, size_t block, int passes, int json) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: membw [--size MiB] [--passes N] [--threads LIST] [--json]\n"
-               "       membw --file PATH [--block KiB] [--passes N] [--json]\n"
+               "       membw --file PATH [--block KiB] [--passes N] [--mode M] [--limit MiB] [--json]\n"
                "Memory read bandwidth with 1, 2 and all threads (default 1024 MiB, 5 passes),\n"
                "or the sequential read speed of a file: buffered, buffered after evicting it from\n"
-               "the page cache, and O_DIRECT (default 4096 KiB blocks, 3 passes).\n");
+               "the page cache, and O_DIRECT (default 4096 KiB blocks, 3 passes).  --mode keeps one\n"
+               "of buffered, buffered_cold, direct; --limit stops each pass after that many MiB;\n"
+               "--qd N keeps N block reads in flight (N threads), as an engine's I/O threads do.\n");
 }
 
 int main(int argc, char **argv) {
     size_t size = (size_t)1 << 30, block = (size_t)4 << 20;
     int passes = -1, json = 0;
-    const char *list = NULL, *file = NULL;
+    const char *list = NULL, *file = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -330,6 +395,20 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--threads")) {
             list = v;
             i++;
+        } else if (!strcmp(a, "--mode")) {
+            if (strcmp(v, "buffered") && strcmp(v, "buffered_cold") && strcmp(v, "direct"))
+                die("--mode: '%s' is not buffered, buffered_cold or direct", v);
+            only = v;
+            i++;
+        } else if (!strcmp(a, "--qd")) {
+            file_qd = atoi(v);
+            if (file_qd < 1 || file_qd > 64) die("--qd: '%s' is not in 1..64", v);
+            i++;
+        } else if (!strcmp(a, "--limit")) {
+            long mb = atol(v);
+            if (mb < 1) die("--limit: '%s' is not a positive number of MiB", v);
+            file_limit = (uint64_t)mb << 20;
+            i++;
         } else if (!strcmp(a, "--file")) {
             file = v;
             i++;
@@ -337,6 +416,6 @@ int main(int argc, char **argv) {
             die("unknown option '%s'", a);
         }
     }
-    if (file) return file_mode(file, block, passes > 0 ? passes : 3, json);
+    if (file) return file_mode(file, block, passes > 0 ? passes : 3, json, only);
     return mem_mode(size, passes > 0 ? passes : 5, list, json);
 }
