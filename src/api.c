@@ -5,6 +5,7 @@
  */
 #include "sparrow.h"
 
+#include "api_internal.h"
 #include "core/core.h"
 #include "core/cpu.h"
 #include "model/model.h"
@@ -290,6 +291,7 @@ void sp_session_reset(struct sp_session *s) {
     s->n_past = 0;
     s->has_logits = false;
     sp_sampler_reset(s->sampler, s->p.seed);
+    sp_moe_trace_clear(s->fwd);
 }
 
 sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
@@ -305,6 +307,7 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
         return sp_err(SP_E_CONTEXT_FULL, "%s: %d tokens do not fit: %u of %u context positions are used", __func__,
                       n, s->n_past, s->n_ctx);
     }
+    sp_moe_trace_clear(s->fwd);
     for (int32_t i = 0; i < n; i += (int32_t)s->n_batch) {
         const uint32_t nb = (uint32_t)SP_MIN((int32_t)s->n_batch, n - i);
         const bool last = i + (int32_t)nb == n;
@@ -329,6 +332,15 @@ sp_status sp_sample(struct sp_session *s, int32_t *out_token) {
     if (!s->has_logits) return sp_err(SP_E_STATE, "%s: no logits yet: decode a token first", __func__);
     *out_token = sp_sampler_sample(s->sampler, s->logits);
     return SP_OK;
+}
+
+sp_status sp_session_trace_routing(struct sp_session *s, bool on) {
+    if (!s) return sp_err(SP_E_INVALID, "%s: NULL session", __func__);
+    return sp_moe_trace_enable(s->model, s->fwd, on);
+}
+
+bool sp_session_routing(const struct sp_session *s, uint32_t il, uint32_t pos, struct sp_moe_route *out) {
+    return s && out && sp_moe_trace_get(s->fwd, il, pos, out);
 }
 
 int32_t sp_session_n_past(const struct sp_session *s) {
