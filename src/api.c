@@ -96,6 +96,7 @@ sp_status sp_model_get_info(const struct sp_model *m, struct sp_model_info *out)
         out->n_ff = (int32_t)hp->n_ff;
         out->n_experts = (int32_t)hp->n_experts;
         out->n_experts_used = (int32_t)hp->n_experts_used;
+        out->n_ff_exp = (int32_t)(hp->n_experts ? hp->n_ff_exp : 0);
         out->rope_theta = hp->rope_theta;
         out->rope_dims = (int32_t)hp->rope_dims;
         out->rope_neox = hp->rope_neox;
