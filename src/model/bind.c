@@ -94,16 +94,23 @@ static sp_status bind_moe_ffn(const struct sp_model_file *mf, const char *pre, s
     if (shexp && (FS <= 0 || FS > UINT32_MAX)) {
         return sp_err(SP_E_FORMAT, "%s: tensor '%s' has an invalid width %lld", mf->path, name, (long long)FS);
     }
-    if ((rc = bind_one(mf, pre, "ffn_gate_shexp.weight", false, E, FS, true, &L->ffn_gate_shexp))) return rc;
-    if ((rc = bind_one(mf, pre, "ffn_up_shexp.weight", shexp, E, FS, true, &L->ffn_up_shexp))) return rc;
-    if ((rc = bind_one(mf, pre, "ffn_down_shexp.weight", shexp, FS, E, true, &L->ffn_down_shexp))) return rc;
-    if ((rc = bind_one(mf, pre, "ffn_gate_inp_shexp.weight", false, E, 1, true, &L->ffn_gate_inp_shexp))) return rc;
-    snprintf(name, sizeof name, "%sffn_up_shexp.weight", pre);
-    if (!shexp && (sp_model_file_find(mf, name) || L->ffn_gate_inp_shexp)) {
-        return sp_err(SP_E_FORMAT, "%s: shared-expert tensors in '%s' without '%sffn_gate_shexp.weight'", mf->path,
-                      pre, pre);
+    if (!shexp) {
+        static const char *const others[] = {"ffn_up_shexp.weight", "ffn_down_shexp.weight",
+                                             "ffn_gate_inp_shexp.weight"};
+        for (size_t i = 0; i < SP_ARRAY_LEN(others); i++) {
+            snprintf(name, sizeof name, "%s%s", pre, others[i]);
+            if (sp_model_file_find(mf, name)) {
+                return sp_err(SP_E_FORMAT, "%s: tensor '%s' belongs to a shared expert, but '%sffn_gate_shexp.weight' "
+                              "is missing", mf->path, name, pre);
+            }
+        }
+        return SP_OK;
     }
-    if (shexp) *n_ff_max = SP_MAX(*n_ff_max, (uint32_t)FS);
+    if ((rc = bind_one(mf, pre, "ffn_gate_shexp.weight", true, E, FS, true, &L->ffn_gate_shexp))) return rc;
+    if ((rc = bind_one(mf, pre, "ffn_up_shexp.weight", true, E, FS, true, &L->ffn_up_shexp))) return rc;
+    if ((rc = bind_one(mf, pre, "ffn_down_shexp.weight", true, FS, E, true, &L->ffn_down_shexp))) return rc;
+    if ((rc = bind_one(mf, pre, "ffn_gate_inp_shexp.weight", false, E, 1, true, &L->ffn_gate_inp_shexp))) return rc;
+    *n_ff_max = SP_MAX(*n_ff_max, (uint32_t)FS);
     return SP_OK;
 }
 
