@@ -208,7 +208,7 @@ sp_status sp_model_bind(struct sp_model *m) {
      *    read by every token. */
     m->n_params = 0;
     m->tensor_bytes = 0;
-    m->expert_bytes = 0;
+    uint64_t expert_bytes = 0;
     for (uint32_t i = 0; i < mf->n_tensors; i++) {
         const struct sp_tensor_desc *t = &mf->tensors[i];
         m->n_params += (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]);
@@ -216,10 +216,10 @@ sp_status sp_model_bind(struct sp_model *m) {
     }
     for (uint32_t il = 0; moe && il < hp->n_layers; il++) {
         const struct sp_layer_weights *L = &m->layers[il];
-        m->expert_bytes += L->ffn_gate_exps->size + L->ffn_up_exps->size + L->ffn_down_exps->size;
+        expert_bytes += L->ffn_gate_exps->size + L->ffn_up_exps->size + L->ffn_down_exps->size;
     }
-    m->bytes_per_token = m->tensor_bytes - m->expert_bytes;
-    if (moe) m->bytes_per_token += m->expert_bytes / hp->n_experts * hp->n_experts_used;
+    m->bytes_per_token = m->tensor_bytes - expert_bytes;
+    if (moe) m->bytes_per_token += expert_bytes / hp->n_experts * hp->n_experts_used;
     if (m->output != m->tok_embd) {
         m->bytes_per_token -= m->tok_embd->size;
         m->bytes_per_token += sp_qtype_row_bytes(m->tok_embd->type, E);

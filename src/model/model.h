@@ -54,7 +54,6 @@ struct sp_model {
     uint32_t n_ff_max;       /* widest FFN hidden layer: dense, expert or shared expert (scratch width) */
     uint64_t n_params;
     uint64_t tensor_bytes;
-    uint64_t expert_bytes;   /* bytes of the routed-expert tensors (*_exps) */
     uint64_t bytes_per_token;/* non-expert bytes + n_used/n_experts of expert_bytes (see bind.c) */
     char file_format[32];
 };

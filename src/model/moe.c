@@ -128,10 +128,6 @@ sp_status sp_moe_trace_enable(const struct sp_model *m, struct sp_fwd *f, bool o
     return SP_OK;
 }
 
-bool sp_moe_trace_enabled(const struct sp_fwd *f) {
-    return f->trace != NULL;
-}
-
 void sp_moe_trace_clear(struct sp_fwd *f) {
     struct sp_moe_trace *tr = f->trace;
     if (tr) memset(tr->seen, 0, (size_t)tr->n_layers * tr->n_ctx);

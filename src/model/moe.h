@@ -36,7 +36,6 @@ struct sp_moe_route {
 /* Turn the trace on (allocates for f->n_ctx positions) or off (frees).
  * SP_E_INVALID for a dense model, SP_E_NOMEM. */
 sp_status sp_moe_trace_enable(const struct sp_model *m, struct sp_fwd *f, bool on);
-bool sp_moe_trace_enabled(const struct sp_fwd *f);
 /* Forget every record (a new decode call starts). */
 void sp_moe_trace_clear(struct sp_fwd *f);
 /* The decision of layer il at position pos; false if none was recorded. */
