@@ -124,7 +124,7 @@ void sp_model_free(struct sp_model *model);
 
 /* Hyper-parameters and tokenizer facts.  String fields are owned by the model. */
 struct sp_model_info {
-    const char *arch;       /* "llama", "qwen2", "qwen3" */
+    const char *arch;       /* "llama", "qwen2", "qwen3", "qwen3moe" */
     const char *name;       /* general.name or "" */
     const char *file_format;/* "gguf v3", "llama2.c" ... */
     const char *tokenizer;  /* "spm" or "bpe" */
@@ -139,7 +139,8 @@ struct sp_model_info {
     int32_t head_dim_v;     /* value_length */
     int32_t n_ff;
     int32_t n_experts;      /* 0 for dense models */
-    int32_t n_experts_used;
+    int32_t n_experts_used; /* experts each token is routed to */
+    int32_t n_ff_exp;       /* an expert's FFN width; 0 for dense models */
     float rope_theta;
     int32_t rope_dims;
     bool rope_neox;         /* rotate (i, i+d/2) instead of adjacent pairs */
@@ -151,7 +152,9 @@ struct sp_model_info {
     uint64_t n_params;      /* elements over all tensors */
     uint64_t tensor_bytes;  /* bytes of tensor data over all tensors */
     uint64_t bytes_per_token; /* bytes a decoded token reads: every tensor it
-                                 touches, one row of the embedding table */
+                                 touches, one row of the embedding table; for
+                                 MoE, n_experts_used/n_experts of the expert
+                                 tensors (routers, shared experts: all) */
     uint64_t file_size;
 };
 sp_status sp_model_get_info(const struct sp_model *model, struct sp_model_info *out);

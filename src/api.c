@@ -5,6 +5,7 @@
  */
 #include "sparrow.h"
 
+#include "api_internal.h"
 #include "core/core.h"
 #include "core/cpu.h"
 #include "model/model.h"
@@ -30,15 +31,20 @@ struct sp_model_params sp_model_default_params(void) {
  * read-ahead schedule.  Tensors not listed stream in file order after. */
 static sp_status forward_order(struct sp_model *m) {
     const struct sp_hparams *hp = &m->mf->hp;
-    const uint32_t per_layer = 16;
+    const uint32_t per_layer = 20;
     m->order = sp_calloc((size_t)hp->n_layers * per_layer + 4, sizeof *m->order);
     if (!m->order) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     uint32_t n = 0;
     for (uint32_t il = 0; il < hp->n_layers; il++) {
         const struct sp_layer_weights *L = &m->layers[il];
-        const struct sp_tensor_desc *seq[] = {L->attn_norm, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv, L->q_norm,
-                                              L->k_norm, L->wo, L->ffn_norm, L->ffn_gate, L->ffn_up, L->ffn_down};
-        static_assert(SP_ARRAY_LEN(seq) <= 16, "per_layer too small");
+        const struct sp_tensor_desc *seq[] = {L->attn_norm,      L->wq,          L->wk,
+                                              L->wv,             L->bq,          L->bk,
+                                              L->bv,             L->q_norm,      L->k_norm,
+                                              L->wo,             L->ffn_norm,    L->ffn_gate_inp,
+                                              L->ffn_gate,       L->ffn_up,      L->ffn_down,
+                                              L->ffn_gate_shexp, L->ffn_up_shexp, L->ffn_down_shexp,
+                                              L->ffn_gate_inp_shexp};
+        static_assert(SP_ARRAY_LEN(seq) <= 20, "per_layer too small");
         for (size_t k = 0; k < SP_ARRAY_LEN(seq); k++)
             if (seq[k]) m->order[n++] = seq[k];
     }
@@ -130,6 +136,7 @@ sp_status sp_model_get_info(const struct sp_model *m, struct sp_model_info *out)
         out->n_ff = (int32_t)hp->n_ff;
         out->n_experts = (int32_t)hp->n_experts;
         out->n_experts_used = (int32_t)hp->n_experts_used;
+        out->n_ff_exp = (int32_t)(hp->n_experts ? hp->n_ff_exp : 0);
         out->rope_theta = hp->rope_theta;
         out->rope_dims = (int32_t)hp->rope_dims;
         out->rope_neox = hp->rope_neox;
@@ -353,6 +360,7 @@ void sp_session_reset(struct sp_session *s) {
     s->n_past = 0;
     s->has_logits = false;
     sp_sampler_reset(s->sampler, s->p.seed);
+    sp_moe_trace_clear(s->fwd);
 }
 
 sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
@@ -368,6 +376,7 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
         return sp_err(SP_E_CONTEXT_FULL, "%s: %d tokens do not fit: %u of %u context positions are used", __func__,
                       n, s->n_past, s->n_ctx);
     }
+    sp_moe_trace_clear(s->fwd);
     for (int32_t i = 0; i < n; i += (int32_t)s->n_batch) {
         const uint32_t nb = (uint32_t)SP_MIN((int32_t)s->n_batch, n - i);
         const bool last = i + (int32_t)nb == n;
@@ -392,6 +401,15 @@ sp_status sp_sample(struct sp_session *s, int32_t *out_token) {
     if (!s->has_logits) return sp_err(SP_E_STATE, "%s: no logits yet: decode a token first", __func__);
     *out_token = sp_sampler_sample(s->sampler, s->logits);
     return SP_OK;
+}
+
+sp_status sp_session_trace_routing(struct sp_session *s, bool on) {
+    if (!s) return sp_err(SP_E_INVALID, "%s: NULL session", __func__);
+    return sp_moe_trace_enable(s->model, s->fwd, on);
+}
+
+bool sp_session_routing(const struct sp_session *s, uint32_t il, uint32_t pos, struct sp_moe_route *out) {
+    return s && out && sp_moe_trace_get(s->fwd, il, pos, out);
 }
 
 int32_t sp_session_n_past(const struct sp_session *s) {

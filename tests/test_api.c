@@ -288,7 +288,7 @@ static void test_model_info(void) {
         CHECK(info.n_kv_heads == 4);
         CHECK(info.head_dim_k == 8 && info.head_dim_v == 8);
         CHECK(info.n_ff == 172);
-        CHECK(info.n_experts == 0);
+        CHECK(info.n_experts == 0 && info.n_experts_used == 0 && info.n_ff_exp == 0);
         CHECK(info.n_ctx_train == 128);
         CHECK(!info.rope_neox);
         CHECK(info.bos == 1 && info.eos == 2 && info.add_bos);
@@ -956,11 +956,93 @@ static void fault_injection(bool llama2c) {
 }
 
 /* ---------------------------------------------------------------------------
- * MoE.  ==== FLIPS WHEN MoE LANDS: set SP_TEST_MOE_SUPPORTED to 1. ====
- * Until then a Mixtral-style file must be refused cleanly, naming experts.
+ * MoE: the Mixtral-layout stories260K-moe loads, reports its experts and the
+ * byte count a token reads, and runs without allocating on the token path
+ * (prefill groups tokens by expert); a prompt split into small batches gives
+ * the same logits as one batch.
  * ------------------------------------------------------------------------- */
 #ifndef SP_TEST_MOE_SUPPORTED
-#define SP_TEST_MOE_SUPPORTED 0
+#define SP_TEST_MOE_SUPPORTED 1
+#endif
+
+#if SP_TEST_MOE_SUPPORTED
+/* Prompt logits of a fresh session with batch size n_batch (0 = default). */
+static sp_status moe_prompt_logits(struct sp_model *m, int32_t n_batch, float *out) {
+    struct sp_session_params p = greedy_params(64, 2);
+    p.n_batch = n_batch;
+    struct sp_session *s = NULL;
+    sp_status st = sp_session_init(m, &p, &s); /* may fail on purpose (fault injection) */
+    if (st != SP_OK) return st;
+    st = sp_decode(s, prompt_ids, N_PROMPT);
+    if (st == SP_OK) memcpy(out, sp_get_logits(s), 512 * sizeof(float));
+    sp_session_free(s);
+    return st;
+}
+
+static void test_moe_runs(struct sp_model *m) {
+    struct sp_model_info info;
+    CHECK(sp_model_get_info(m, &info) == SP_OK);
+    CHECK(info.arch && strcmp(info.arch, "llama") == 0);
+    CHECK(info.n_experts == 8 && info.n_experts_used == 2 && info.n_ff_exp == 192);
+    /* bytes_per_token: every tensor, but one row of token_embd (the output
+     * head is separate) and 2 of the 8 experts of each _exps tensor. */
+    uint64_t all = 0, exps = 0, embd = 0;
+    for (int32_t i = 0; i < sp_model_n_tensors(m); i++) {
+        struct sp_tensor_info ti;
+        if (sp_model_get_tensor(m, i, &ti) != SP_OK) continue;
+        all += ti.size;
+        if (strstr(ti.name, "_exps.")) exps += ti.size;
+        if (strcmp(ti.name, "token_embd.weight") == 0) embd = ti.size;
+    }
+    CHECKF(exps > 0 && exps % 8 == 0, "expert bytes %llu", (unsigned long long)exps);
+    const uint64_t want = all - embd + embd / 512 - exps + exps / 8 * 2;
+    CHECKF(info.bytes_per_token == want, "MoE bytes_per_token %llu, expected %llu", (unsigned long long)info.bytes_per_token,
+           (unsigned long long)want);
+
+    for (int32_t threads = 1; threads <= 2; threads++) {
+        struct sp_session_params p = greedy_params(128, threads);
+        struct sp_session *s = new_session(m, &p);
+        if (!s) continue;
+        alloc_arm(0, false);
+        int32_t toks[32];
+        sp_status st = generate(s, 32, toks);
+        long calls = atomic_load(&A.n_calls);
+        CHECKF(st == SP_OK, "MoE generate: %s (%s)", sp_status_str(st), sp_last_error());
+        printf("  MoE token path, %d threads: %ld allocator calls over a 5-token prefill and 32 decode+sample steps\n",
+               threads, calls);
+        CHECKF(calls == 0, "%ld allocations on the MoE token path (%d threads)", calls, threads);
+        sp_session_free(s);
+    }
+
+    /* Every allocation of a MoE session (its expert scratch included) may
+     * fail: SP_E_NOMEM, nothing leaked. */
+    long live0 = atomic_load(&A.n_live);
+    static float ref[512];
+    alloc_arm(0, false);
+    sp_status st = moe_prompt_logits(m, 0, ref);
+    const long total = atomic_load(&A.n_calls);
+    int n_bad = 0, n_leak = 0;
+    for (long nth = 1; st == SP_OK && nth <= total; nth++) {
+        static float got[512];
+        alloc_arm(nth, false);
+        sp_status st_n = moe_prompt_logits(m, 0, got);
+        alloc_arm(0, false);
+        n_bad += st_n != SP_E_NOMEM && !(st_n == SP_OK && memcmp(got, ref, sizeof ref) == 0);
+        n_leak += atomic_load(&A.n_live) != live0;
+        live0 = atomic_load(&A.n_live);
+    }
+    printf("  MoE session fault injection: %ld allocations, %d wrong outcomes, %d leaking\n", total, n_bad, n_leak);
+    CHECKF(st == SP_OK && n_bad == 0 && n_leak == 0, "MoE session fault injection: %d wrong outcomes, %d leaks",
+           n_bad, n_leak);
+
+    static float one[512], small[512];
+    sp_status st1 = moe_prompt_logits(m, 0, one), st2 = moe_prompt_logits(m, 2, small);
+    CHECK(st1 == SP_OK && st2 == SP_OK);
+    double d = 0;
+    for (int i = 0; i < 512; i++) d = fmax(d, fabs((double)one[i] - small[i]));
+    printf("  MoE prompt as one batch vs batches of 2: max|dlogit| %.3g\n", d);
+    CHECKF(d <= 1e-4, "MoE prompt logits depend on the batch size: %g", d);
+}
 #endif
 
 static void test_moe(void) {
@@ -972,8 +1054,7 @@ static void test_moe(void) {
 #if SP_TEST_MOE_SUPPORTED
     CHECKF(st == SP_OK, "MoE load: %s (%s)", sp_status_str(st), sp_last_error());
     if (st == SP_OK) {
-        struct sp_model_info info;
-        CHECK(sp_model_get_info(m, &info) == SP_OK && info.n_experts == 8 && info.n_experts_used == 2);
+        test_moe_runs(m);
         sp_model_free(m);
     }
 #else

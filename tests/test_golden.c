@@ -4,10 +4,14 @@
  * README.md): prompt tokenization, teacher-forced logits and greedy tokens for
  * every GGUF variant, the llama2.c checkpoint, a free-running greedy loop
  * through sp_sample, token pieces and detokenization.
- * Uses only sparrow.h and cJSON.  It is not a kernel test (see test_quant.c)
- * and does not check MoE routing (archs in skipped_archs[] are not run yet).
+ * For MoE files it also compares the experts the router chose, and their
+ * weights and probabilities, with the golden routing traces at every decode
+ * call (read through the test hook in src/api_internal.h; everything else
+ * uses only sparrow.h and cJSON).  It is not a kernel test (see test_quant.c).
  */
 #include "sparrow.h"
+
+#include "api_internal.h"
 #include "test_util.h"
 
 #include <cjson/cJSON.h>
@@ -36,10 +40,28 @@
 #define QUANT_LOGIT_TOL 0.35
 #define QUANT_ARGMAX_STEPS 16
 
-/* Architectures whose variants are listed but not run yet.  MoE lands in a
- * later issue: enabling qwen3moe is deleting its line here. */
+/* MoE routing, compared with the golden traces at every traced (decode call,
+ * layer, position) -- the goldens' prompt decode lists only the last position
+ * for the last layer (llama.cpp skips the others there), so only listed
+ * positions are compared.
+ * F32: the same experts in the same order everywhere (the smallest golden
+ * router gap, log p_k/p_k+1, is 4.4e-4: far above F32 noise), and weights
+ * and probabilities within ROUTE_F32_TOL (measured: <= 2.4e-6).
+ * Q8_0: a decision may differ only where the golden's gap (log-ratio) between
+ * two adjacent ranks among the first K+1 is below ROUTE_TIE_GAP.  Until an
+ * activation's Q8_0 rounding flips (float-level upstream differences, see the
+ * peer README) the routing is bit-identical; after one, the router
+ * probabilities drift by up to 6.2e-3 (measured: stories260K-moe Q8_0, prompt
+ * 1, from decode call 10), i.e. log-ratios by a few 1e-2, and gaps of 0.0033
+ * and 0.029 flipped there.  Weights and probabilities of the decisions that
+ * agree are within ROUTE_QUANT_TOL. */
+#define ROUTE_F32_TOL 1e-4
+#define ROUTE_TIE_GAP 0.05
+#define ROUTE_QUANT_TOL 0.05
+#define GOLDEN_MAX_EXPERTS 64
+
+/* Architectures whose variants are listed but not run (none today: MoE runs). */
 static const char *const skipped_archs[] = {
-    "qwen3moe",
     NULL,
 };
 
@@ -53,6 +75,7 @@ struct golden_set {
 static const struct golden_set golden_sets[] = {
     {"peer-golden/stories260K.json", "models/stories260K", "llama", "f32"},
     {"peer-golden/stories260K-pad256.json", "models/stories260K-pad256", "llama", NULL},
+    {"peer-golden/stories260K-moe.json", "models/stories260K-moe", "llama", NULL},
     {"peer-golden/tiny-qwen.json", "models/tiny-qwen", NULL, "qwen3-f32"},
 };
 
@@ -79,6 +102,20 @@ struct golden_run {
     int step_n_past[GOLDEN_MAX_STEPS];
     float *step_logits[GOLDEN_MAX_STEPS];    /* (n_vocab) each (malloc) */
     int n_vocab;
+    const cJSON *routing;                    /* expert_routing (MoE files), or NULL */
+};
+
+/* The routing of one teacher-forced pass against the golden trace. */
+struct route_result {
+    int n_decisions;     /* (decode call, layer, position) decisions compared */
+    int n_missing;       /* golden decisions we did not record */
+    int n_schema;        /* malformed golden entries */
+    int n_differ;        /* different expert set or order */
+    int n_differ_tie;    /* ... of which at a golden near-tie (gap < ROUTE_TIE_GAP) */
+    double min_gap_differ; /* smallest golden gap among the differing decisions */
+    double max_w_diff;   /* over decisions that agree */
+    double max_p_diff;
+    int first_step, first_layer, first_pos; /* first differing decision (-1: none) */
 };
 
 enum tol_class { TOL_F32, TOL_QUANT };
@@ -92,6 +129,7 @@ struct tf_result {
     int n_steps;
     int first_mismatch;  /* -1 when none */
     float *logits;       /* optional copy of the recorded steps (n_steps * n_vocab) */
+    struct route_result rt; /* when the golden has a routing trace */
 };
 
 /* Summary lines printed at the end (the numbers for the issue note). */
@@ -302,6 +340,7 @@ static int golden_run_parse(const cJSON *run, int index, const char *label, stru
         k++;
     }
 
+    g->routing = cJSON_GetObjectItemCaseSensitive(run, "expert_routing");
     const cJSON *logits = cJSON_GetObjectItemCaseSensitive(run, "logits");
     CHECKF(cJSON_IsArray(logits) && cJSON_GetArraySize(logits) > 0 &&
                cJSON_GetArraySize(logits) <= GOLDEN_MAX_STEPS,
@@ -366,6 +405,110 @@ static void check_tokenize(const struct sp_model *m, const struct golden_run *g,
     CHECKF(same, "%s run %d: prompt tokenization differs from llama.cpp", label, g->index);
 }
 
+/* Copy a JSON array of numbers into out; returns the count or -1. */
+static int json_doubles(const cJSON *arr, double *out, int cap) {
+    if (!cJSON_IsArray(arr)) return -1;
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        if (!cJSON_IsNumber(it) || n >= cap) return -1;
+        out[n++] = it->valuedouble;
+    }
+    return n;
+}
+
+/* The smallest log-ratio between adjacent ranks 1..k+1 of probs p (n): how
+ * close the golden decision was to choosing differently. */
+static double route_gap(const double *p, int n, int k) {
+    double sorted[GOLDEN_MAX_EXPERTS];
+    memcpy(sorted, p, sizeof(double) * (size_t)n);
+    for (int i = 1; i < n; i++) /* insertion sort, descending */
+        for (int j = i; j > 0 && sorted[j] > sorted[j - 1]; j--) {
+            double t = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = t;
+        }
+    double gap = INFINITY;
+    for (int i = 0; i < k && i + 1 < n; i++) {
+        double d = log(sorted[i] / sorted[i + 1]);
+        if (d < gap) gap = d;
+    }
+    return gap;
+}
+
+/* Compare the routing our last sp_decode recorded with golden entry `step`
+ * (one decode call: per layer, the positions llama.cpp ran and its choices). */
+static void compare_routing(const struct sp_session *s, const cJSON *entry, int step, struct route_result *rt) {
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(entry, "step");
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(entry, "layers");
+    if (!cJSON_IsNumber(st) || st->valueint != step || !cJSON_IsArray(layers)) {
+        rt->n_schema++;
+        return;
+    }
+    const cJSON *ly;
+    cJSON_ArrayForEach(ly, layers) {
+        const cJSON *il = cJSON_GetObjectItemCaseSensitive(ly, "layer");
+        const cJSON *pos = cJSON_GetObjectItemCaseSensitive(ly, "positions");
+        const cJSON *ex = cJSON_GetObjectItemCaseSensitive(ly, "experts");
+        const cJSON *wt = cJSON_GetObjectItemCaseSensitive(ly, "weights");
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(ly, "probs");
+        const int np = cJSON_GetArraySize(pos);
+        if (!cJSON_IsNumber(il) || !cJSON_IsArray(pos) || cJSON_GetArraySize(ex) != np ||
+            cJSON_GetArraySize(wt) != np || cJSON_GetArraySize(pr) != np) {
+            rt->n_schema++;
+            continue;
+        }
+        for (int i = 0; i < np; i++) {
+            const cJSON *pi = cJSON_GetArrayItem(pos, i);
+            int32_t g_ex[GOLDEN_MAX_EXPERTS];
+            double g_w[GOLDEN_MAX_EXPERTS], g_p[GOLDEN_MAX_EXPERTS];
+            const int k = json_ints(cJSON_GetArrayItem(ex, i), g_ex, GOLDEN_MAX_EXPERTS);
+            const int kw = json_doubles(cJSON_GetArrayItem(wt, i), g_w, GOLDEN_MAX_EXPERTS);
+            const int n = json_doubles(cJSON_GetArrayItem(pr, i), g_p, GOLDEN_MAX_EXPERTS);
+            struct sp_moe_route r;
+            if (!cJSON_IsNumber(pi) || k <= 0 || kw != k || n < k) {
+                rt->n_schema++;
+                continue;
+            }
+            rt->n_decisions++;
+            if (!sp_session_routing(s, (uint32_t)il->valueint, (uint32_t)pi->valueint, &r) ||
+                (int)r.n_used != k || (int)r.n_experts != n) {
+                rt->n_missing++;
+                continue;
+            }
+            bool same = true;
+            for (int j = 0; j < k; j++) same = same && r.experts[j] == g_ex[j];
+            if (!same) {
+                const double gap = route_gap(g_p, n, k);
+                if (rt->n_differ++ == 0) {
+                    rt->first_step = step;
+                    rt->first_layer = il->valueint;
+                    rt->first_pos = pi->valueint;
+                }
+                if (rt->n_differ <= 5) {
+                    printf("    routing differs at decode call %d, layer %d, position %d: golden [", step, il->valueint,
+                           pi->valueint);
+                    for (int j = 0; j < k; j++) printf("%s%d", j ? "," : "", g_ex[j]);
+                    printf("], got [");
+                    for (int j = 0; j < k; j++) printf("%s%d", j ? "," : "", r.experts[j]);
+                    printf("]; golden gap %.3g\n", gap);
+                }
+                if (gap < ROUTE_TIE_GAP) rt->n_differ_tie++;
+                if (gap < rt->min_gap_differ) rt->min_gap_differ = gap;
+                continue;
+            }
+            for (int j = 0; j < k; j++) {
+                const double d = fabs((double)r.weights[j] - g_w[j]);
+                if (!(d <= rt->max_w_diff)) rt->max_w_diff = isnan(d) ? INFINITY : d;
+            }
+            for (int e = 0; e < n; e++) {
+                const double d = fabs((double)r.probs[e] - g_p[e]);
+                if (!(d <= rt->max_p_diff)) rt->max_p_diff = isnan(d) ? INFINITY : d;
+            }
+        }
+    }
+}
+
 /* 2. Teacher forcing: the prompt as one batch, then each GOLDEN token fed back
  * (even BOS/EOS), recording argmax at every step and the logits at the
  * recorded steps. */
@@ -380,10 +523,17 @@ static struct tf_result teacher_force(struct sp_model *m, const struct golden_ru
     CHECKF(sp_session_n_ctx(s) == GOLDEN_N_CTX, "%s: n_ctx %d, asked for %d", label, sp_session_n_ctx(s),
            GOLDEN_N_CTX);
     if (keep_logits) r.logits = calloc((size_t)g->n_steps * (size_t)g->n_vocab, sizeof(float));
+    r.rt = (struct route_result){.min_gap_differ = INFINITY, .first_step = -1, .first_layer = -1, .first_pos = -1};
+    const int n_route = g->routing ? cJSON_GetArraySize(g->routing) : 0;
+    if (g->routing) {
+        st = sp_session_trace_routing(s, true);
+        CHECKF(st == SP_OK, "%s: routing trace: %s (%s)", label, sp_status_str(st), sp_last_error());
+    }
 
     st = sp_decode(s, g->prompt_tokens, g->n_prompt);
     CHECKF(st == SP_OK, "%s run %d: prompt decode: %s (%s)", label, g->index, sp_status_str(st), sp_last_error());
     bool ok = st == SP_OK;
+    if (ok && n_route > 0) compare_routing(s, cJSON_GetArrayItem(g->routing, 0), 0, &r.rt);
     for (int k = 0; ok && k < g->n_gen; k++) {
         const float *lg = sp_get_logits(s);
         CHECKF(lg != NULL, "%s run %d step %d: sp_get_logits returned NULL after a decode", label, g->index, k);
@@ -409,6 +559,7 @@ static struct tf_result teacher_force(struct sp_model *m, const struct golden_ru
         CHECKF(st == SP_OK, "%s run %d step %d: decode of token %d: %s (%s)", label, g->index, k, g->gen[k],
                sp_status_str(st), sp_last_error());
         ok = st == SP_OK;
+        if (ok && k + 1 < n_route) compare_routing(s, cJSON_GetArrayItem(g->routing, k + 1), k + 1, &r.rt);
     }
     if (ok) {
         CHECKF(sp_session_n_past(s) == g->n_prompt + g->n_gen, "%s run %d: final n_past %d, expected %d", label,
@@ -417,6 +568,36 @@ static struct tf_result teacher_force(struct sp_model *m, const struct golden_ru
     r.ran = ok;
     sp_session_free(s);
     return r;
+}
+
+/* The routing part of judge(): print the figures, check them against the
+ * class's thresholds.  True when there is no trace or it passes. */
+static bool judge_routing(const struct tf_result *r, const struct golden_run *g, enum tol_class cls,
+                          const char *label, int n_threads) {
+    const struct route_result *rt = &r->rt;
+    if (!g->routing || !r->ran) return true;
+    const double tol = cls == TOL_F32 ? ROUTE_F32_TOL : ROUTE_QUANT_TOL;
+    printf("  %-28s run %d t%d: routing %d decisions, %d differ (%d at near-ties, smallest gap %.3g), "
+           "max|dweight| %.3g, max|dprob| %.3g (tol %g)\n",
+           label, g->index, n_threads, rt->n_decisions, rt->n_differ, rt->n_differ_tie, rt->min_gap_differ,
+           rt->max_w_diff, rt->max_p_diff, tol);
+    if (rt->n_differ)
+        printf("    first differing decision: decode call %d, layer %d, position %d\n", rt->first_step,
+               rt->first_layer, rt->first_pos);
+    const bool differ_ok = cls == TOL_F32 ? rt->n_differ == 0 : rt->n_differ == rt->n_differ_tie;
+    const bool ok = rt->n_schema == 0 && rt->n_missing == 0 && rt->n_decisions > 0 && differ_ok &&
+                    rt->max_w_diff <= tol && rt->max_p_diff <= tol;
+    CHECKF(rt->n_schema == 0 && rt->n_decisions > 0, "%s run %d: routing trace schema (%d bad entries, %d decisions)",
+           label, g->index, rt->n_schema, rt->n_decisions);
+    CHECKF(rt->n_missing == 0, "%s run %d t%d: %d golden routing decisions were not recorded", label, g->index,
+           n_threads, rt->n_missing);
+    CHECKF(differ_ok, "%s run %d t%d: %d routing decisions differ from the golden (%d at near-ties < %g), first at "
+           "decode call %d layer %d position %d", label, g->index, n_threads, rt->n_differ, rt->n_differ_tie,
+           ROUTE_TIE_GAP, rt->first_step, rt->first_layer, rt->first_pos);
+    CHECKF(rt->max_w_diff <= tol && rt->max_p_diff <= tol,
+           "%s run %d t%d: routing weights/probs differ by %.6g/%.6g > %g", label, g->index, n_threads,
+           rt->max_w_diff, rt->max_p_diff, tol);
+    return ok;
 }
 
 /* Judge one teacher-forced pass against the thresholds of its class, print
@@ -439,6 +620,7 @@ static void judge(const struct tf_result *r, const struct golden_run *g, enum to
            r->max_diff, tol);
     CHECKF(argmax_ok, "%s run %d t%d: argmax differs from the golden token at step %d (must agree on the first %d)",
            label, g->index, n_threads, r->first_mismatch, need);
+    bool route_ok = judge_routing(r, g, cls, label, n_threads);
     if (n_summary < MAX_SUMMARY) {
         struct summary_row *row = &summary[n_summary++];
         snprintf(row->label, sizeof row->label, "%s", label);
@@ -448,7 +630,7 @@ static void judge(const struct tf_result *r, const struct golden_run *g, enum to
         row->n_match = r->n_match;
         row->n_steps = r->n_steps;
         row->first_mismatch = r->first_mismatch;
-        row->pass = logits_ok && argmax_ok;
+        row->pass = logits_ok && argmax_ok && route_ok;
     }
 }
 

@@ -4,11 +4,12 @@
  * per-tensor types follow the Q4_K_M rule; K-quant blocks decode back to
  * the source weights within the format's error; the bytes depend on the seed
  * but not on the thread count; the MoE shape has the tensors and router that
- * make routing vary; failures and cancels leave no file behind.
+ * make routing vary, runs, and routes differently from token to token; failures and cancels leave no file behind.
  * Files go to a temporary folder under $SPARROW_SCRATCH (default /tmp).
  */
 #include "sparrow.h"
 
+#include "api_internal.h"
 #include "format/model_file.h"
 #include "quant/quant.h"
 #include "test_util.h"
@@ -341,6 +342,58 @@ static void test_moe(void) {
     }
     free(router);
     free(embd);
+
+    /* The file runs, and the routing of the running model varies from token
+     * to token: over 16 greedy decode steps, count the distinct expert sets
+     * each layer chose (read through the test hook of api_internal.h). */
+    struct sp_model *m = NULL;
+    rc = sp_model_load(path, NULL, &m);
+    CHECKF(rc == SP_OK, "load tiny-moe: %s", sp_last_error());
+    if (rc) return;
+    struct sp_session_params sp = sp_session_default_params();
+    sp.n_ctx = 64;
+    sp.n_threads = 2;
+    sp.sampling.temp = 0.0f;
+    struct sp_session *s = NULL;
+    rc = sp_session_init(m, &sp, &s);
+    CHECKF(rc == SP_OK, "session on tiny-moe: %s", sp_last_error());
+    if (!rc) rc = sp_session_trace_routing(s, true);
+    CHECKF(rc == SP_OK, "routing trace: %s", sp_last_error());
+    int32_t tok = 1;
+    int sets[2][16], n_sets[2] = {0, 0}, n_tok_distinct = 0;
+    int32_t seen_tok[16];
+    for (int step = 0; rc == SP_OK && step < 16; step++) {
+        const int32_t pos = sp_session_n_past(s);
+        rc = sp_decode(s, &tok, 1);
+        CHECKF(rc == SP_OK, "tiny-moe decode %d: %s", step, sp_last_error());
+        if (rc) break;
+        const float *lg = sp_get_logits(s);
+        bool finite = lg != NULL;
+        for (int i = 0; finite && i < 512; i++) finite = isfinite(lg[i]);
+        CHECKF(finite, "tiny-moe step %d: logits not finite", step);
+        for (uint32_t il = 0; il < 2; il++) {
+            struct sp_moe_route r;
+            bool got = sp_session_routing(s, il, (uint32_t)pos, &r);
+            CHECKF(got && r.n_used == 2 && r.n_experts == 8, "tiny-moe: no routing for layer %u position %d", il, pos);
+            if (!got) continue;
+            CHECK(r.experts[0] != r.experts[1] && r.probs[r.experts[0]] >= r.probs[r.experts[1]]);
+            CHECK(fabsf(r.weights[0] + r.weights[1] - 1.0f) < 1e-5f); /* renormalized */
+            const int key = (1 << r.experts[0]) | (1 << r.experts[1]);
+            bool dup = false;
+            for (int i = 0; i < n_sets[il]; i++) dup |= sets[il][i] == key;
+            if (!dup) sets[il][n_sets[il]++] = key;
+        }
+        CHECK(sp_sample(s, &tok) == SP_OK);
+        bool dup = false;
+        for (int i = 0; i < n_tok_distinct; i++) dup |= seen_tok[i] == tok;
+        if (!dup) seen_tok[n_tok_distinct++] = tok;
+    }
+    printf("  tiny-moe: 16 decode steps, %d distinct tokens, distinct expert sets: layer 0 %d, layer 1 %d\n",
+           n_tok_distinct, n_sets[0], n_sets[1]);
+    CHECKF(n_sets[0] >= 4 && n_sets[1] >= 4, "routing hardly varies: %d / %d distinct expert sets over 16 tokens",
+           n_sets[0], n_sets[1]);
+    sp_session_free(s);
+    sp_model_free(m);
 }
 
 /* ---- failures leave nothing behind ---------------------------------------- */

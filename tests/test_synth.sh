@@ -79,6 +79,24 @@ for t in f16 bf16 q8_0 q4_0 q4_k_m; do
     t_rc "run tiny $t" 0
     if [ -s "$tmp/out" ]; then ok "run tiny $t: output"; else bad "run tiny $t: no output" "$(show_err)"; fi
 done
+# ---- the MoE shape runs through run, inspect and bench ------------------------------
+f="$tmp/tiny-moe-q8_0.gguf"
+sp synth --shape tiny-moe --type q8_0 -o "$f" --seed 5 -t 2 -q
+t_rc "synth tiny-moe q8_0" 0
+sp run -m "$f" -p "hi" -n 8 --temp 0 -t 2 -b 4
+t_rc "run tiny-moe" 0
+if [ -s "$tmp/out" ]; then ok "run tiny-moe: output"; else bad "run tiny-moe: no output" "$(show_err)"; fi
+sp inspect "$f"
+t_rc "inspect tiny-moe" 0
+t_has "inspect tiny-moe" "$tmp/out" "qwen3moe" "ffn_gate_exps" "ffn_down_exps"
+if grep -Eq '^ +n_experts +8$' "$tmp/out" && grep -Eq '^ +n_experts_used +2$' "$tmp/out" &&
+    grep -Eq '^ +n_ff_exp +256$' "$tmp/out"; then ok "inspect tiny-moe: expert counts"; else
+    bad "inspect tiny-moe: expert counts" "$(grep -i expert "$tmp/out" | head -5)"; fi
+sp bench -m "$f" -p 16 -n 4 -r 1 -t 2 --json
+t_rc "bench tiny-moe" 0
+if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["decode_tps"] > 0 and d["prefill_tps"] > 0 and 0 < d["model_bytes_per_token"] < d["model_file_size"]' "$tmp/out" 2>"$tmp/py"; then
+    ok "bench tiny-moe: figures"; else bad "bench tiny-moe" "$(cat "$tmp/py")" "$(head -c 300 "$tmp/out")"; fi
+
 sp inspect "$tmp/tiny-q4_k_m.gguf"
 t_has "inspect tiny q4_k_m" "$tmp/out" "sparrow-synth tiny q4_k_m" "Q6_K" "Q4_K" "sparrow.synth.seed"
 sp synth --shape tiny --type q4_0 -o "$tmp/again.gguf" --seed 5 -t 1 -q

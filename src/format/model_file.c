@@ -337,8 +337,13 @@ static sp_status read_hparams(struct sp_model_file *mf, bool vocab_only) {
     if (factor < 0.0f) return sp_err(SP_E_FORMAT, "%s: '%s': RoPE scaling factor %g is negative", FN, mf->path, factor);
     hp->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
 
-    /* qwen3moe experts default to feed_forward_length / expert_used_count, as llama.cpp. */
+    /* qwen3moe experts default to feed_forward_length / expert_used_count, as llama.cpp.  The Mixtral
+     * layout (llama with experts) has no key of its own: each expert is a feed_forward_length FFN. */
     if (hp->arch == SP_ARCH_QWEN3MOE && hp->n_ff_exp == 0 && hp->n_experts_used) hp->n_ff_exp = hp->n_ff / hp->n_experts_used;
+    if (hp->arch == SP_ARCH_LLAMA && hp->n_experts > 0) hp->n_ff_exp = hp->n_ff;
+    /* Both MoE architectures gate with a softmax over all experts and renormalize the top-k weights
+     * (Mixtral; Qwen3-MoE's norm_topk_prob).  No GGUF key says so: llama.cpp hard-codes it too. */
+    hp->expert_weights_norm = hp->n_experts > 0;
 
     /* Consistency, so that later layers can size buffers from these. */
     const char *bad = NULL;
@@ -352,7 +357,7 @@ static sp_status read_hparams(struct sp_model_file *mf, bool vocab_only) {
     else if (hp->n_experts_used > hp->n_experts) bad = "expert_used_count exceeds expert_count";
     else if (hp->n_experts > 0 && hp->n_experts_used == 0) bad = "expert_used_count is 0 while expert_count is not";
     else if (hp->n_experts == 0 && hp->n_ff == 0) bad = "feed_forward_length is 0";
-    else if (hp->arch == SP_ARCH_QWEN3MOE && hp->n_ff_exp == 0) bad = "expert_feed_forward_length is 0";
+    else if (hp->n_experts > 0 && hp->n_ff_exp == 0) bad = "expert_feed_forward_length (feed_forward_length for llama) is 0";
     else if (!(hp->rms_eps > 0.0f)) bad = "attention.layer_norm_rms_epsilon is not positive";
     else if (!(hp->rope_theta > 0.0f)) bad = "rope.freq_base is not positive";
     if (bad) return sp_err(SP_E_FORMAT, "%s: '%s': inconsistent %s hyper-parameters: %s", FN, mf->path, arch, bad);

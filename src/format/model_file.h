@@ -38,7 +38,8 @@ struct sp_hparams {
     uint32_t n_ff;           /* feed_forward_length */
     uint32_t n_experts;      /* expert_count, 0 = dense */
     uint32_t n_experts_used; /* expert_used_count */
-    uint32_t n_ff_exp;       /* expert_feed_forward_length (qwen3moe) */
+    uint32_t n_ff_exp;       /* expert FFN width: expert_feed_forward_length (qwen3moe), n_ff (llama MoE) */
+    bool expert_weights_norm;/* MoE: renormalize the chosen experts' softmax weights to sum 1 */
     float rope_theta;        /* rope.freq_base (default 10000) */
     float rope_freq_scale;   /* 1 / rope.scaling.factor for linear scaling (default 1) */
     uint32_t rope_dims;      /* rope.dimension_count (defaults to head_dim_k) */

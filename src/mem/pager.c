@@ -56,6 +56,7 @@ struct slot {
     uint32_t refs;
     uint8_t state, pool;
     bool prefetched, used;
+    bool counted; /* expert slots: this use was counted as hit or miss (cleared when unpinned) */
     int err;
     uint64_t last_use;
 };
@@ -696,7 +697,9 @@ static int32_t pick_victim(struct sp_pager *pg, int k, bool for_prefetch, int32_
         const struct slot *sl = &pg->slots[s];
         if (sl->refs || sl->state == SLOT_LOADING) continue;
         if (sl->state == SLOT_FREE || sl->state == SLOT_ERROR) return (int32_t)s;
-        const bool fresh = sl->prefetched && !sl->used;
+        /* a prefetched unit nobody used yet is protected from other prefetches,
+         * for a while: a wrong guess must not hold its slot forever */
+        const bool fresh = sl->prefetched && !sl->used && pg->tick - sl->last_use < (uint64_t)po->n;
         uint64_t score;
         if (k == POOL_RING) {
             if (fresh && for_prefetch) continue;
@@ -735,6 +738,7 @@ static void start_read(struct sp_pager *pg, int32_t s, int64_t key, uint32_t i, 
     sl->state = SLOT_LOADING;
     sl->prefetched = prefetch;
     sl->used = false;
+    sl->counted = false;
     sl->last_use = ++pg->tick;
     if (sl->pool != POOL_ROWS) pg->unit_slot[key] = s;
     if (prefetch) pg->st.prefetch_issued++;
@@ -802,19 +806,24 @@ static sp_status pin_streamed(struct sp_pager *pg, uint32_t i, uint64_t off, uin
     } else {
         s = pg->unit_slot[key];
     }
-    if (k == POOL_EXPERT) pg->st.expert_pins++;
     if (s >= 0 && pg->slots[s].state != SLOT_ERROR) {
         if (pg->slots[s].state == SLOT_LOADING) pg->st.waits++;
         else pg->st.hits++;
-        if (k == POOL_EXPERT) pg->st.expert_hits++;
+        if (k == POOL_EXPERT && !pg->slots[s].counted) {
+            pg->st.expert_pins++;
+            pg->st.expert_hits++;
+            pg->slots[s].counted = true;
+        }
     } else {
         pg->st.misses++;
+        if (k == POOL_EXPERT) pg->st.expert_pins++;
         for (;;) {
             s = pick_victim(pg, k, false, k == POOL_RING ? pg->unit_sched[key] : -1);
             if (s >= 0) break;
             pthread_cond_wait(&pg->cv_done, &pg->mu); /* every slot busy: wait for an unpin or a read */
         }
         start_read(pg, s, key, i, start, len, false);
+        pg->slots[s].counted = true;
     }
     struct slot *sl = &pg->slots[s];
     sl->refs++; /* held across the wait: nobody may evict it */
@@ -890,7 +899,7 @@ void sp_pager_unpin(struct sp_pager *pg, const struct sp_tensor_desc *t, const v
             if (q >= b0 && q < b0 + (uint64_t)po->n * po->slot_bytes) s = (int32_t)(po->first + (uint64_t)(q - b0) / po->slot_bytes);
         }
         SP_ASSERT(s >= 0 && pg->slots[s].refs > 0 && pg->slots[s].tensor == i); /* invariant 1 */
-        pg->slots[s].refs--;
+        if (--pg->slots[s].refs == 0) pg->slots[s].counted = false;
         pg->st.unpins++;
         if (pg->slots[s].pool == POOL_RING) ring_fill(pg);
         pthread_cond_broadcast(&pg->cv_done);
@@ -902,7 +911,10 @@ void sp_pager_unpin(struct sp_pager *pg, const struct sp_tensor_desc *t, const v
     atomic_fetch_add(&pg->n_unpins, 1);
 }
 
-void sp_pager_prefetch(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes) {
+/* Hints (see pager.h).  certain: the units will be pinned next, so they are
+ * read like demand misses (prefetch slots may be taken) and counted as the
+ * expert lookups; otherwise a guess that takes only slots nobody needs. */
+static void hint(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes, bool certain) {
     if (!pg->streaming) return;
     const uint32_t i = (uint32_t)tensor_index(pg, t);
     const struct sp_plan_tensor *pt = &pg->plan.t[i];
@@ -915,16 +927,43 @@ void sp_pager_prefetch(struct sp_pager *pg, const struct sp_tensor_desc *t, uint
         uint64_t start, len;
         unit_of(pg, i, off, &u, &start, &len);
         const uint32_t gu = pg->first_unit[i] + u;
-        if (pg->unit_slot[gu] < 0) {
-            const int32_t s = pick_victim(pg, k, true, -1);
-            if (s < 0) break;
-            start_read(pg, s, gu, i, start, len, true);
+        const int32_t have = pg->unit_slot[gu];
+        if (have >= 0 && pg->slots[have].state != SLOT_ERROR) {
+            struct slot *sl = &pg->slots[have];
+            sl->last_use = ++pg->tick; /* wanted soon: keep it */
+            if (certain && k == POOL_EXPERT && !sl->counted) {
+                pg->st.expert_pins++;
+                pg->st.expert_hits++;
+                sl->counted = true;
+            }
+            if (certain && sl->prefetched && !sl->used) {
+                pg->st.prefetch_used++;
+                sl->used = true;
+            }
         } else {
-            pg->slots[pg->unit_slot[gu]].last_use = ++pg->tick; /* wanted soon: keep it */
+            const int32_t s = pick_victim(pg, k, !certain, -1);
+            if (s < 0) break;
+            start_read(pg, s, gu, i, start, len, !certain);
+            if (certain && k == POOL_EXPERT) {
+                pg->st.expert_pins++; /* a miss: read now, ahead of its pin */
+                pg->slots[s].counted = true;
+            }
         }
         off = start + len;
     }
     pthread_mutex_unlock(&pg->mu);
+}
+
+void sp_pager_prefetch(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes) {
+    hint(pg, t, off, nbytes, false);
+}
+
+void sp_pager_need(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes) {
+    hint(pg, t, off, nbytes, true);
+}
+
+bool sp_pager_streams(const struct sp_pager *pg, const struct sp_tensor_desc *t) {
+    return pg->streaming && pg->plan.t[tensor_index(pg, t)].place != SP_PLACE_PINNED;
 }
 
 void sp_pager_get_stats(const struct sp_pager *pg, struct sp_pager_stats *out) {

@@ -37,7 +37,8 @@ struct sp_pager_stats {
     uint64_t bytes_read;      /* bytes the pager read from storage after the plan was applied */
     uint64_t hits, misses;    /* pins of streamed units found resident / read on demand */
     uint64_t waits;           /* pins that found their unit still loading */
-    uint64_t expert_pins, expert_hits; /* expert units: pins, and pins found resident or loading */
+    uint64_t expert_pins, expert_hits; /* expert units needed (once per use), and of those found resident
+                                          or already being read when first needed */
     uint64_t prefetch_issued, prefetch_used; /* prefetched units; of those, pinned before eviction */
     double wait_s;            /* time pins spent waiting for reads */
 };
@@ -100,9 +101,19 @@ static inline sp_status sp_pager_pin(struct sp_pager *pg, const struct sp_tensor
 /* Release the pin that returned p (p exactly as returned). */
 void sp_pager_unpin(struct sp_pager *pg, const struct sp_tensor_desc *t, const void *p);
 
-/* Hint: [off, off + nbytes) of t will be pinned soon.  Starts reads of the
- * units it covers when slots are free; never waits, never fails. */
+/* Hint, a guess: [off, off + nbytes) of t may be pinned soon.  Starts reads
+ * of the units it covers when slots nobody needs are free; never waits,
+ * never fails.  Counted in prefetch_issued / prefetch_used. */
 void sp_pager_prefetch(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes);
+
+/* Hint, certain: [off, off + nbytes) of t will be pinned next (e.g. the
+ * experts a router just chose).  Starts every missing read now, so they run
+ * in parallel; for expert tensors this is where hits and misses are counted
+ * (resident or already in flight = hit).  Never waits, never fails. */
+void sp_pager_need(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes);
+
+/* True when t is streamed (not resident) under an applied budget plan. */
+bool sp_pager_streams(const struct sp_pager *pg, const struct sp_tensor_desc *t);
 
 void sp_pager_get_stats(const struct sp_pager *pg, struct sp_pager_stats *out);
 

@@ -1,15 +1,17 @@
 /*
- * llama.c -- the forward pass for the Llama family (llama, qwen2, qwen3) over
- * a batch of tokens, in llama2.c's order:
+ * llama.c -- the forward pass for the Llama family (llama, qwen2, qwen3,
+ * qwen3moe, Mixtral-style llama) over a batch of tokens, in llama2.c's order:
  *   embed -> per layer: rmsnorm -> q,k,v (+bias) -> (q/k norm) -> rope ->
- *   attention over the KV cache -> wo -> residual -> rmsnorm -> SwiGLU FFN ->
- *   residual -> final rmsnorm -> output head (last token only).
+ *   attention over the KV cache -> wo -> residual -> rmsnorm -> SwiGLU FFN
+ *   (or the MoE block, moe.c) -> residual -> final rmsnorm -> output head
+ *   (last token only).
  * Each weight is pinned through the pager right before use, multiplied with
  * all tokens of the batch at once (one pass over the weight), and unpinned.
  * Nothing here allocates: all scratch is in struct sp_fwd (sp_fwd_init).
  */
 #include "model.h"
 
+#include "moe.h"
 #include "ops.h"
 
 #include <math.h>
@@ -20,7 +22,8 @@ struct fwd_sizes {
     size_t x, q, k, v, attn, att, hb, xq; /* per-token widths (att: per batch) */
 };
 
-static struct fwd_sizes fwd_sizes(const struct sp_hparams *hp, uint32_t n_ctx, uint32_t n_batch) {
+static struct fwd_sizes fwd_sizes(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch) {
+    const struct sp_hparams *hp = &m->mf->hp;
     struct fwd_sizes s;
     s.x = hp->n_embd;
     s.q = (size_t)hp->n_heads * hp->head_dim_k;
@@ -28,22 +31,23 @@ static struct fwd_sizes fwd_sizes(const struct sp_hparams *hp, uint32_t n_ctx, u
     s.v = (size_t)hp->n_kv_heads * hp->head_dim_v;
     s.attn = (size_t)hp->n_heads * hp->head_dim_v;
     s.att = (size_t)hp->n_heads * n_ctx;
-    s.hb = hp->n_ff;
+    s.hb = m->n_ff_max; /* covers the dense, expert and shared-expert widths */
     int64_t widest = SP_MAX(SP_MAX((int64_t)s.x, (int64_t)s.attn), (int64_t)s.hb);
     s.xq = sp_act_bytes(widest, n_batch);
     return s;
 }
 
 uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch) {
-    struct fwd_sizes s = fwd_sizes(&m->mf->hp, n_ctx, n_batch);
-    return (uint64_t)((3 * s.x + s.q + s.k + s.v + s.attn + 2 * s.hb) * n_batch + s.att) * sizeof(float) + s.xq;
+    struct fwd_sizes s = fwd_sizes(m, n_ctx, n_batch);
+    return (uint64_t)((3 * s.x + s.q + s.k + s.v + s.attn + 2 * s.hb) * n_batch + s.att) * sizeof(float) + s.xq +
+           sp_moe_fwd_bytes(m, n_batch);
 }
 
 sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch, int n_threads,
                       struct sp_fwd **out) {
     *out = NULL;
     SP_ASSERT(n_batch >= 1);
-    struct fwd_sizes s = fwd_sizes(&m->mf->hp, n_ctx, n_batch);
+    struct fwd_sizes s = fwd_sizes(m, n_ctx, n_batch);
     struct sp_fwd *f = sp_calloc(1, sizeof(*f));
     if (!f) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     f->n_ctx = n_ctx;
@@ -67,7 +71,8 @@ sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch
         return sp_err(SP_E_NOMEM, "%s: cannot allocate %llu bytes of scratch", __func__,
                       (unsigned long long)sp_fwd_bytes(m, n_ctx, n_batch));
     }
-    sp_status rc = sp_pool_init(n_threads < 1 ? 1 : n_threads, &f->pool);
+    sp_status rc = sp_moe_fwd_init(m, f);
+    if (!rc) rc = sp_pool_init(n_threads < 1 ? 1 : n_threads, &f->pool);
     if (rc) {
         sp_fwd_free(f);
         return rc;
@@ -90,6 +95,7 @@ void sp_fwd_free(struct sp_fwd *f) {
     sp_free_aligned(f->hb);
     sp_free_aligned(f->hb2);
     sp_free_aligned(f->xq);
+    sp_moe_fwd_free(f);
     sp_free(f);
 }
 
@@ -117,8 +123,8 @@ sp_status sp_matmul_rows(struct sp_model *m, struct sp_fwd *f, const struct sp_t
     return SP_OK;
 }
 
-/* Y = X W^T over all rows of a 2-D weight t (ne = {n_in, n_out}). */
-static sp_status matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, const float *x,
+/* Y = X W^T over all rows of a 2-D weight t (model.h). */
+sp_status sp_fwd_matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, const float *x,
                         int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld) {
     return sp_matmul_rows(m, f, t, 0, (uint32_t)t->ne[1], x, x_ld, n_tok, y, y_ld);
 }
@@ -234,9 +240,9 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         const struct sp_layer_weights *L = &m->layers[il];
         /* attention */
         TRY(norm(m, L->attn_norm, f->x, f->xb, E, n_tok));
-        TRY(matmul(m, f, L->wq, f->xb, E, n_tok, f->q, QD));
-        TRY(matmul(m, f, L->wk, f->xb, E, n_tok, f->k, KD));
-        TRY(matmul(m, f, L->wv, f->xb, E, n_tok, f->v, VD));
+        TRY(sp_fwd_matmul(m, f, L->wq, f->xb, E, n_tok, f->q, QD));
+        TRY(sp_fwd_matmul(m, f, L->wk, f->xb, E, n_tok, f->k, KD));
+        TRY(sp_fwd_matmul(m, f, L->wv, f->xb, E, n_tok, f->v, VD));
         TRY(add_bias(m, L->bq, f->q, n_tok));
         TRY(add_bias(m, L->bk, f->k, n_tok));
         TRY(add_bias(m, L->bv, f->v, n_tok));
@@ -255,20 +261,24 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         } else {
             sp_pool_run(f->pool, attn_task, &aj);
         }
-        TRY(matmul(m, f, L->wo, f->attn, OD, n_tok, f->xb2, E));
+        TRY(sp_fwd_matmul(m, f, L->wo, f->attn, OD, n_tok, f->xb2, E));
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
-        /* feed-forward (SwiGLU) */
+        /* feed-forward: SwiGLU, or the experts */
         TRY(norm(m, L->ffn_norm, f->x, f->xb, E, n_tok));
-        TRY(matmul(m, f, L->ffn_gate, f->xb, E, n_tok, f->hb, F));
-        TRY(matmul(m, f, L->ffn_up, f->xb, E, n_tok, f->hb2, F));
-        sp_silu_mul(f->hb, f->hb2, (int64_t)n_tok * F);
-        TRY(matmul(m, f, L->ffn_down, f->hb, F, n_tok, f->xb2, E));
+        if (L->ffn_gate_inp) {
+            TRY(sp_moe_ffn(m, f, il, n_tok, pos0));
+        } else {
+            TRY(sp_fwd_matmul(m, f, L->ffn_gate, f->xb, E, n_tok, f->hb, F));
+            TRY(sp_fwd_matmul(m, f, L->ffn_up, f->xb, E, n_tok, f->hb2, F));
+            sp_silu_mul(f->hb, f->hb2, (int64_t)n_tok * F);
+            TRY(sp_fwd_matmul(m, f, L->ffn_down, f->hb, F, n_tok, f->xb2, E));
+        }
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
     }
     if (logits) {
         const float *last = f->x + (size_t)(n_tok - 1) * E;
         TRY(norm(m, m->output_norm, last, f->xb, E, 1));
-        TRY(matmul(m, f, m->output, f->xb, E, 1, logits, hp->n_vocab));
+        TRY(sp_fwd_matmul(m, f, m->output, f->xb, E, 1, logits, hp->n_vocab));
     }
 #undef TRY
 out:

@@ -13,6 +13,8 @@
 #include "sched/pool.h"
 #include "tokenizer/tokenizer.h"
 
+#define SP_MAX_EXPERTS 1024 /* expert_count accepted (the largest published models have 512) */
+
 struct sp_layer_weights {
     const struct sp_tensor_desc *attn_norm; /* (n_embd) F32 */
     const struct sp_tensor_desc *wq;        /* (n_heads*hd_k, n_embd): ne = {n_embd, n_heads*hd_k} */
@@ -23,9 +25,20 @@ struct sp_layer_weights {
     const struct sp_tensor_desc *q_norm;    /* qwen3 (hd_k), else NULL */
     const struct sp_tensor_desc *k_norm;    /* qwen3 (hd_k), else NULL */
     const struct sp_tensor_desc *ffn_norm;  /* (n_embd) */
-    const struct sp_tensor_desc *ffn_gate;  /* (n_ff, n_embd) */
+    const struct sp_tensor_desc *ffn_gate;  /* (n_ff, n_embd); NULL in MoE layers */
     const struct sp_tensor_desc *ffn_up;    /* (n_ff, n_embd) */
     const struct sp_tensor_desc *ffn_down;  /* (n_embd, n_ff) */
+    /* Mixture of experts (n_experts > 0), else NULL.  X = n_experts, FE = n_ff_exp; expert e of an
+     * _exps tensor is its bytes [e * size/X, (e+1) * size/X): a (FE, n_embd) or (n_embd, FE) matrix. */
+    const struct sp_tensor_desc *ffn_gate_inp;  /* router (X, n_embd): ne = {n_embd, X} */
+    const struct sp_tensor_desc *ffn_gate_exps; /* (X, FE, n_embd): ne = {n_embd, FE, X} */
+    const struct sp_tensor_desc *ffn_up_exps;   /* (X, FE, n_embd) */
+    const struct sp_tensor_desc *ffn_down_exps; /* (X, n_embd, FE): ne = {FE, n_embd, X} */
+    /* Shared expert (qwen2moe style; optional, all three or none), run for every token. */
+    const struct sp_tensor_desc *ffn_gate_shexp;     /* (n_ff_shexp, n_embd) */
+    const struct sp_tensor_desc *ffn_up_shexp;       /* (n_ff_shexp, n_embd) */
+    const struct sp_tensor_desc *ffn_down_shexp;     /* (n_embd, n_ff_shexp) */
+    const struct sp_tensor_desc *ffn_gate_inp_shexp; /* (1, n_embd): sigmoid gate of the shared expert, or NULL */
 };
 
 struct sp_model {
@@ -40,19 +53,24 @@ struct sp_model {
     struct sp_layer_weights *layers;          /* (n_layers) */
     const struct sp_tensor_desc **order;      /* dense tensors in forward order (the pager's schedule) */
     uint32_t n_order;
+    uint32_t n_ff_max;       /* widest FFN hidden layer: dense, expert or shared expert (scratch width) */
     uint64_t n_params;
     uint64_t tensor_bytes;
-    uint64_t bytes_per_token;
+    uint64_t bytes_per_token;/* non-expert bytes + n_used/n_experts of expert_bytes (see bind.c) */
     char file_format[32];
 };
 
 /* Bind the tensor directory to weight slots, checking every shape and type
- * against the hyper-parameters (messages name the tensor).  SP_E_UNSUPPORTED
- * for Mixture-of-Experts files (not yet supported) and weight types without a
- * dot-product kernel; SP_E_FORMAT for missing tensors or wrong shapes. */
+ * against the hyper-parameters (messages name the tensor).  Dense layers and
+ * Mixture-of-Experts layers (qwen3moe, and llama with expert_count > 0: the
+ * Mixtral layout with merged *_exps tensors).  SP_E_UNSUPPORTED for weight
+ * types without a dot-product kernel and for the older per-expert tensor
+ * layout; SP_E_FORMAT for missing tensors or wrong shapes. */
 sp_status sp_model_bind(struct sp_model *m);
 
 /* ---- forward pass ------------------------------------------------------- */
+
+struct sp_moe_trace; /* moe.h */
 
 /* Per-session scratch for the forward pass, sized from the hparams for up
  * to n_batch tokens at once.  Row-major: token t's row of x is x + t*n_embd. */
@@ -65,10 +83,21 @@ struct sp_fwd {
     float *v;      /* (n_batch, n_kv_heads*hd_v) */
     float *attn;   /* (n_batch, n_heads*hd_v) attention output */
     float *att;    /* (n_heads, n_ctx) attention weights of one token */
-    float *hb;     /* (n_batch, n_ff) */
-    float *hb2;    /* (n_batch, n_ff) */
+    float *hb;     /* (n_batch, n_ff_max) FFN hidden layer (experts: rows of n_ff_exp) */
+    float *hb2;    /* (n_batch, n_ff_max) */
     void *xq;      /* activations converted to a weight's vec_dot_type */
     size_t xq_bytes;
+    /* Mixture of experts (all NULL for dense models); X = n_experts, K = n_experts_used. */
+    float *probs;       /* (n_batch, X) router logits, then their softmax */
+    int32_t *sel;       /* (n_batch, K) chosen experts per token, descending probability */
+    float *sel_w;       /* (n_batch, K) their weights */
+    uint32_t *grp_off;  /* (X + 1) expert e's entries are grp_*[grp_off[e], grp_off[e+1]) */
+    uint32_t *grp_tok;  /* (n_batch * K) token index, grouped by expert, ascending within a group */
+    float *grp_w;       /* (n_batch * K) that token's weight for the expert */
+    uint8_t *used;      /* (X) 1 if some token of the batch chose the expert */
+    float *xg;          /* (n_batch, n_embd) input rows of one expert's tokens, gathered */
+    float *yg;          /* (n_batch, n_embd) that expert's output rows */
+    struct sp_moe_trace *trace; /* routing record for tests (moe.h); NULL when off */
     struct sp_pool *pool;
     uint32_t n_ctx;
     uint32_t n_batch;
@@ -78,6 +107,12 @@ sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch
                       struct sp_fwd **out);
 void sp_fwd_free(struct sp_fwd *f);
 uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch);
+
+/* Y = X W^T for weight t (ne = {n_in, n_out}), pinned whole through the
+ * pager: n_tok rows of x (n_in floats, x_ld apart) give n_tok rows of y
+ * (n_out floats, y_ld apart).  Shared by llama.c and moe.c. */
+sp_status sp_fwd_matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, const float *x,
+                        int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld);
 
 /* Run n_tok (1..n_batch) tokens at positions pos0.. through the model as one
  * batch, storing their K/V in kv, and (if logits != NULL) write the n_vocab

@@ -828,6 +828,7 @@ static int cmd_inspect(int argc, char **argv) {
     ROW("n_ff", "%d", (int)mi.n_ff);
     ROW("n_experts", "%d", (int)mi.n_experts);
     ROW("n_experts_used", "%d", (int)mi.n_experts_used);
+    if (mi.n_experts) ROW("n_ff_exp", "%d", (int)mi.n_ff_exp);
     ROW("rope_theta", "%g", (double)mi.rope_theta);
     ROW("rope_dims", "%d", (int)mi.rope_dims);
     ROW("rope_neox", "%s", mi.rope_neox ? "yes" : "no");
@@ -907,8 +908,13 @@ static int cmd_inspect(int argc, char **argv) {
     ROW("tensor bytes", "%" PRIu64 " (%s)", mi.tensor_bytes, human_bytes(mi.tensor_bytes, b1, sizeof b1));
     if (sum != mi.tensor_bytes) ROW("listed bytes", "%" PRIu64 " (sum of the rows above)", sum);
     ROW("parameters", "%" PRIu64 " (%s)", mi.n_params, human_count(mi.n_params, b2, sizeof b2));
-    ROW("bytes/token", "%" PRIu64 " (%s read per decoded token)", mi.bytes_per_token,
-        human_bytes(mi.bytes_per_token, b1, sizeof b1));
+    if (mi.n_experts) {
+        ROW("bytes/token", "%" PRIu64 " (%s read per decoded token: %d of %d experts per layer)", mi.bytes_per_token,
+            human_bytes(mi.bytes_per_token, b1, sizeof b1), (int)mi.n_experts_used, (int)mi.n_experts);
+    } else {
+        ROW("bytes/token", "%" PRIu64 " (%s read per decoded token)", mi.bytes_per_token,
+            human_bytes(mi.bytes_per_token, b1, sizeof b1));
+    }
 #undef S
     sp_model_free(model);
     if (fflush(stdout) != 0) {
