@@ -216,6 +216,11 @@ struct sp_session_params {
     uint64_t seed;        /* sampler seed; the same seed gives the same output */
     enum sp_kv_type kv_type;
     struct sp_sampling_params sampling;
+    bool logits_all;      /* keep the logits of every token of the last
+                             sp_decode call (sp_get_logits_ith), not only the
+                             last one's: n_batch x n_vocab floats, and each
+                             sp_decode call then takes at most n_batch tokens.
+                             For perplexity and KL divergence.  Default false. */
 };
 struct sp_session_params sp_session_default_params(void);
 
@@ -229,15 +234,22 @@ void sp_session_free(struct sp_session *s);
 void sp_session_reset(struct sp_session *s);
 
 /* Feed n tokens (a prompt as one batch, or one sampled token) at the current
- * position and compute the logits of the last one.  Returns SP_E_CONTEXT_FULL
- * (nothing consumed) if n_past + n would exceed n_ctx, SP_E_INVALID for an id
- * outside the vocabulary or n <= 0.  Never allocates. */
+ * position and compute the logits of the last one (of all n with logits_all).
+ * Returns SP_E_CONTEXT_FULL (nothing consumed) if n_past + n would exceed
+ * n_ctx, SP_E_INVALID for an id outside the vocabulary, n <= 0, or (with
+ * logits_all) n > n_batch.  Never allocates. */
 sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n);
 
 /* Logits of the last decoded token: n_vocab floats, owned by the session,
  * valid until the next sp_decode / sp_session_reset / sp_session_free.
  * NULL before the first decode. */
 const float *sp_get_logits(const struct sp_session *s);
+
+/* Logits of the i-th token (0-based) of the last sp_decode call; i < 0 counts
+ * from the end (-1 = the last token, the same as sp_get_logits).  Without
+ * logits_all only the last token has logits.  n_vocab floats, owned and valid
+ * as for sp_get_logits; NULL when i is out of range or nothing was decoded. */
+const float *sp_get_logits_ith(const struct sp_session *s, int32_t i);
 
 /* Sample the next token from the current logits with the session's sampling
  * parameters, seeded RNG and history (for the repetition penalty).  Does not
