@@ -263,6 +263,76 @@ int32_t sp_session_n_ctx(const struct sp_session *s);
 uint64_t sp_session_memory_bytes(const struct sp_session *s);
 
 /* ---------------------------------------------------------------------------
+ * Evaluation (src/eval/eval.c): perplexity of a model on a token sequence,
+ * computed the way llama.cpp's llama-perplexity does, and with a reference
+ * model, how far the model's next-token distributions are from the
+ * reference's (KL divergence, top-1 agreement).  Used by `sparrow eval`.
+ *
+ * Method: the tokens (normally a text tokenized once with BOS) are cut into
+ * n_chunks = n_tokens / n_ctx chunks of n_ctx tokens; the remainder is
+ * dropped.  Each chunk is evaluated from an empty cache with its first token
+ * replaced by BOS (when the vocabulary adds BOS).  Only the second half of a
+ * chunk is scored: the logits at positions j = n_ctx/2 .. n_ctx-2 predict the
+ * token at j+1, NLL = -log softmax(logits_j)[token_{j+1}], in double.
+ * ppl = exp(mean NLL over all scored positions), ppl_err = ppl * the standard
+ * error of the mean NLL (llama-perplexity's +/- estimate).  With a reference,
+ * at the same positions: KL(ref || model) = sum_v p_ref(v) (log p_ref(v) -
+ * log p_model(v)) in nats from double log-softmaxes, its mean and 99th
+ * percentile (linear interpolation between order statistics), and the
+ * fraction of positions where both argmaxes (lowest id on ties) agree.
+ * ------------------------------------------------------------------------- */
+struct sp_eval_result {
+    int32_t n_tokens;     /* tokens given */
+    int32_t n_ctx;        /* chunk length */
+    int32_t n_chunks;     /* chunks in the text (n_tokens / n_ctx) */
+    int32_t n_done;       /* chunks evaluated so far (= n_chunks at the end) */
+    int64_t n_scored;     /* positions scored so far */
+    double ppl, ppl_err;  /* the model's perplexity and its +/- */
+    double ref_ppl, ref_ppl_err; /* the reference's; NaN without one */
+    double kl_mean, kl_mean_err; /* mean KL(ref || model) in nats and its
+                                    standard error; NaN without a reference */
+    double kl_p99;        /* 99th percentile of KL; NaN without a reference and
+                             in progress reports (computed at the end) */
+    double kl_max;        /* NaN without a reference */
+    double top1_agree;    /* in [0, 1]; NaN without a reference */
+};
+
+/* Called after each chunk with the running results (kl_p99 NaN).  Return
+ * true to go on, false to cancel (sp_eval then returns SP_E_STATE). */
+typedef bool (*sp_eval_progress_fn)(const struct sp_eval_result *so_far, void *user);
+
+struct sp_eval_params {
+    int32_t n_ctx;        /* chunk length, >= 4; 0 = the model's context
+                             length capped at 512 */
+    int32_t n_batch;      /* tokens per forward pass; 0 = n_ctx capped at 512 */
+    int32_t n_threads;    /* 0 = one */
+    enum sp_kv_type kv_type;
+    sp_eval_progress_fn progress; /* NULL = no reports */
+    void *progress_user;
+};
+struct sp_eval_params sp_eval_default_params(void);
+
+/* Evaluate model (and ref, which may be NULL) on n_tokens tokens, writing the
+ * figures to *out.  Both models must share the vocabulary: a different
+ * n_vocab or BOS id is SP_E_INVALID.  Fewer than 2 * n_ctx tokens is
+ * SP_E_INVALID (the message states the size needed).  Sessions and scratch
+ * are allocated once here.  Also SP_E_NOMEM, SP_E_STATE (cancelled), and
+ * whatever loading a weight returns. */
+sp_status sp_eval(struct sp_model *model, struct sp_model *ref, const int32_t *tokens, int32_t n_tokens,
+                  const struct sp_eval_params *params, struct sp_eval_result *out);
+
+/* A text for sp_eval drawn from a model itself, so that a quality figure needs
+ * no dataset: n_tokens tokens in segments of seg_len (the last one may be
+ * shorter), each segment BOS followed by tokens sampled at temperature 1 from
+ * the full distribution (no top-k/top-p/min-p, no penalty) starting from an
+ * empty cache, with one RNG seeded with seed running through all segments.
+ * Segments of n_ctx line up with sp_eval's chunks.  The same model, sizes
+ * and seed give the same tokens.  SP_E_UNSUPPORTED if the vocabulary has no
+ * BOS, SP_E_INVALID for seg_len < 2 or n_tokens < 1. */
+sp_status sp_eval_generate(struct sp_model *model, int32_t n_tokens, int32_t seg_len, uint64_t seed,
+                           int32_t n_threads, int32_t *tokens);
+
+/* ---------------------------------------------------------------------------
  * Synthetic models (src/model/synth.c): GGUF files with seeded random weights
  * in the exact shapes of real models, for speed and memory measurements.
  * Their vocabulary is SentencePiece-style and their text is gibberish; the
