@@ -228,6 +228,11 @@ struct sp_session_params {
     uint64_t seed;        /* sampler seed; the same seed gives the same output */
     enum sp_kv_type kv_type;
     struct sp_sampling_params sampling;
+    bool logits_all;      /* keep the logits of every token of the last
+                             sp_decode call (sp_get_logits_ith), not only the
+                             last one's: n_batch x n_vocab floats, and each
+                             sp_decode call then takes at most n_batch tokens.
+                             For perplexity and KL divergence.  Default false. */
 };
 struct sp_session_params sp_session_default_params(void);
 
@@ -241,15 +246,22 @@ void sp_session_free(struct sp_session *s);
 void sp_session_reset(struct sp_session *s);
 
 /* Feed n tokens (a prompt as one batch, or one sampled token) at the current
- * position and compute the logits of the last one.  Returns SP_E_CONTEXT_FULL
- * (nothing consumed) if n_past + n would exceed n_ctx, SP_E_INVALID for an id
- * outside the vocabulary or n <= 0.  Never allocates. */
+ * position and compute the logits of the last one (of all n with logits_all).
+ * Returns SP_E_CONTEXT_FULL (nothing consumed) if n_past + n would exceed
+ * n_ctx, SP_E_INVALID for an id outside the vocabulary, n <= 0, or (with
+ * logits_all) n > n_batch.  Never allocates. */
 sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n);
 
 /* Logits of the last decoded token: n_vocab floats, owned by the session,
  * valid until the next sp_decode / sp_session_reset / sp_session_free.
  * NULL before the first decode. */
 const float *sp_get_logits(const struct sp_session *s);
+
+/* Logits of the i-th token (0-based) of the last sp_decode call; i < 0 counts
+ * from the end (-1 = the last token, the same as sp_get_logits).  Without
+ * logits_all only the last token has logits.  n_vocab floats, owned and valid
+ * as for sp_get_logits; NULL when i is out of range or nothing was decoded. */
+const float *sp_get_logits_ith(const struct sp_session *s, int32_t i);
 
 /* Sample the next token from the current logits with the session's sampling
  * parameters, seeded RNG and history (for the repetition penalty).  Does not
@@ -307,11 +319,82 @@ struct sp_mem_stats {
     uint64_t resident_weight_bytes; /* pinned weights + pools, or the resident copy/mapping */
     uint64_t bytes_read;          /* bytes the pager read from storage since the plan was applied */
     uint64_t pins, hits, misses, waits; /* streamed-unit pins: found resident / read on demand / found loading */
-    uint64_t expert_pins, expert_hits;  /* expert slices: pins, and pins found cached (resident or loading) */
+    uint64_t expert_pins, expert_hits;  /* expert slices needed (once per use), and of those found resident or
+                                           already being read when first needed (the expert hit rate) */
     uint64_t prefetch_issued, prefetch_used; /* prefetched units; of those, used before eviction */
     double wait_s;                /* time spent waiting for reads */
 };
 sp_status sp_model_get_mem_stats(const struct sp_model *model, struct sp_mem_stats *out);
+
+/* ---------------------------------------------------------------------------
+ * Evaluation (src/eval/eval.c): perplexity of a model on a token sequence,
+ * computed the way llama.cpp's llama-perplexity does, and with a reference
+ * model, how far the model's next-token distributions are from the
+ * reference's (KL divergence, top-1 agreement).  Used by `sparrow eval`.
+ *
+ * Method: the tokens (normally a text tokenized once with BOS) are cut into
+ * n_chunks = n_tokens / n_ctx chunks of n_ctx tokens; the remainder is
+ * dropped.  Each chunk is evaluated from an empty cache with its first token
+ * replaced by BOS (when the vocabulary adds BOS).  Only the second half of a
+ * chunk is scored: the logits at positions j = n_ctx/2 .. n_ctx-2 predict the
+ * token at j+1, NLL = -log softmax(logits_j)[token_{j+1}], in double.
+ * ppl = exp(mean NLL over all scored positions), ppl_err = ppl * the standard
+ * error of the mean NLL (llama-perplexity's +/- estimate).  With a reference,
+ * at the same positions: KL(ref || model) = sum_v p_ref(v) (log p_ref(v) -
+ * log p_model(v)) in nats from double log-softmaxes, its mean and 99th
+ * percentile (linear interpolation between order statistics), and the
+ * fraction of positions where both argmaxes (lowest id on ties) agree.
+ * ------------------------------------------------------------------------- */
+struct sp_eval_result {
+    int32_t n_tokens;     /* tokens given */
+    int32_t n_ctx;        /* chunk length */
+    int32_t n_chunks;     /* chunks in the text (n_tokens / n_ctx) */
+    int32_t n_done;       /* chunks evaluated so far (= n_chunks at the end) */
+    int64_t n_scored;     /* positions scored so far */
+    double ppl, ppl_err;  /* the model's perplexity and its +/- */
+    double ref_ppl, ref_ppl_err; /* the reference's; NaN without one */
+    double kl_mean, kl_mean_err; /* mean KL(ref || model) in nats and its
+                                    standard error; NaN without a reference */
+    double kl_p99;        /* 99th percentile of KL; NaN without a reference and
+                             in progress reports (computed at the end) */
+    double kl_max;        /* NaN without a reference */
+    double top1_agree;    /* in [0, 1]; NaN without a reference */
+};
+
+/* Called after each chunk with the running results (kl_p99 NaN).  Return
+ * true to go on, false to cancel (sp_eval then returns SP_E_STATE). */
+typedef bool (*sp_eval_progress_fn)(const struct sp_eval_result *so_far, void *user);
+
+struct sp_eval_params {
+    int32_t n_ctx;        /* chunk length, >= 4; 0 = the model's context
+                             length capped at 512 */
+    int32_t n_batch;      /* tokens per forward pass; 0 = n_ctx capped at 512 */
+    int32_t n_threads;    /* 0 = one */
+    enum sp_kv_type kv_type;
+    sp_eval_progress_fn progress; /* NULL = no reports */
+    void *progress_user;
+};
+struct sp_eval_params sp_eval_default_params(void);
+
+/* Evaluate model (and ref, which may be NULL) on n_tokens tokens, writing the
+ * figures to *out.  Both models must share the vocabulary: a different
+ * n_vocab or BOS id is SP_E_INVALID.  Fewer than 2 * n_ctx tokens is
+ * SP_E_INVALID (the message states the size needed).  Sessions and scratch
+ * are allocated once here.  Also SP_E_NOMEM, SP_E_STATE (cancelled), and
+ * whatever loading a weight returns. */
+sp_status sp_eval(struct sp_model *model, struct sp_model *ref, const int32_t *tokens, int32_t n_tokens,
+                  const struct sp_eval_params *params, struct sp_eval_result *out);
+
+/* A text for sp_eval drawn from a model itself, so that a quality figure needs
+ * no dataset: n_tokens tokens in segments of seg_len (the last one may be
+ * shorter), each segment BOS followed by tokens sampled at temperature 1 from
+ * the full distribution (no top-k/top-p/min-p, no penalty) starting from an
+ * empty cache, with one RNG seeded with seed running through all segments.
+ * Segments of n_ctx line up with sp_eval's chunks.  The same model, sizes
+ * and seed give the same tokens.  SP_E_UNSUPPORTED if the vocabulary has no
+ * BOS, SP_E_INVALID for seg_len < 2 or n_tokens < 1. */
+sp_status sp_eval_generate(struct sp_model *model, int32_t n_tokens, int32_t seg_len, uint64_t seed,
+                           int32_t n_threads, int32_t *tokens);
 
 /* ---------------------------------------------------------------------------
  * Synthetic models (src/model/synth.c): GGUF files with seeded random weights

@@ -256,8 +256,10 @@ struct sp_session {
     uint32_t n_batch;
     struct sp_kv_cache *kv;
     struct sp_fwd *fwd;
-    float *logits;   /* (n_vocab) */
-    bool has_logits;
+    float *logits;   /* (n_rows, n_vocab): n_rows = n_batch with logits_all, else 1 */
+    uint32_t n_rows;
+    uint32_t n_logits; /* rows written by the last sp_decode (0: none yet) */
+    uint32_t n_last;   /* tokens fed by the last sp_decode; its last n_logits have rows */
     struct sp_sampler *sampler;
     uint64_t reserved; /* bytes of the model's memory budget this session holds */
 };
@@ -271,6 +273,7 @@ struct sp_session_params sp_session_default_params(void) {
         .kv_type = SP_KV_F32,
         .sampling = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.0f,
                      .repeat_last_n = 64},
+        .logits_all = false,
     };
 }
 
@@ -333,7 +336,8 @@ sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *pa
                          p.kv_type, &s->kv)))
         goto fail;
     if ((rc = sp_fwd_init(m, n_ctx, n_batch, p.n_threads ? p.n_threads : 1, &s->fwd))) goto fail;
-    s->logits = sp_malloc((size_t)hp->n_vocab * sizeof(float));
+    s->n_rows = p.logits_all ? n_batch : 1;
+    s->logits = sp_malloc((size_t)s->n_rows * hp->n_vocab * sizeof(float));
     if (!s->logits) {
         rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
         goto fail;
@@ -358,7 +362,7 @@ void sp_session_free(struct sp_session *s) {
 void sp_session_reset(struct sp_session *s) {
     if (!s) return;
     s->n_past = 0;
-    s->has_logits = false;
+    s->n_logits = 0;
     sp_sampler_reset(s->sampler, s->p.seed);
     sp_moe_trace_clear(s->fwd);
 }
@@ -372,6 +376,10 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
                           tokens[i], i, n_vocab);
         }
     }
+    if (s->p.logits_all && (uint32_t)n > s->n_batch) {
+        return sp_err(SP_E_INVALID, "%s: %d tokens with logits_all: one call takes at most n_batch = %u", __func__, n,
+                      s->n_batch);
+    }
     if ((uint64_t)s->n_past + (uint64_t)n > s->n_ctx) {
         return sp_err(SP_E_CONTEXT_FULL, "%s: %d tokens do not fit: %u of %u context positions are used", __func__,
                       n, s->n_past, s->n_ctx);
@@ -380,26 +388,38 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
     for (int32_t i = 0; i < n; i += (int32_t)s->n_batch) {
         const uint32_t nb = (uint32_t)SP_MIN((int32_t)s->n_batch, n - i);
         const bool last = i + (int32_t)nb == n;
-        sp_status rc = sp_forward(s->model, s->fwd, s->kv, tokens + i, nb, s->n_past, last ? s->logits : NULL);
+        sp_status rc = sp_forward(s->model, s->fwd, s->kv, tokens + i, nb, s->n_past, last ? s->logits : NULL,
+                                  s->p.logits_all);
         if (rc) {
-            s->has_logits = false;
+            s->n_logits = 0;
             return rc;
         }
         s->n_past += nb;
         for (uint32_t j = 0; j < nb; j++) sp_sampler_accept(s->sampler, tokens[i + (int32_t)j]);
     }
-    s->has_logits = true;
+    s->n_last = (uint32_t)n;
+    s->n_logits = s->p.logits_all ? (uint32_t)n : 1;
     return SP_OK;
 }
 
 const float *sp_get_logits(const struct sp_session *s) {
-    return s && s->has_logits ? s->logits : NULL;
+    return sp_get_logits_ith(s, -1);
+}
+
+const float *sp_get_logits_ith(const struct sp_session *s, int32_t i) {
+    if (!s || s->n_logits == 0) return NULL;
+    /* Row r of the buffer holds token (n - n_logits + r) of the last call. */
+    const int64_t n = s->n_last, idx = i < 0 ? n + i : i;
+    const int64_t row = idx - (n - (int64_t)s->n_logits);
+    if (idx < 0 || idx >= n || row < 0) return NULL;
+    return s->logits + (size_t)row * s->model->mf->hp.n_vocab;
 }
 
 sp_status sp_sample(struct sp_session *s, int32_t *out_token) {
     if (!s || !out_token) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
-    if (!s->has_logits) return sp_err(SP_E_STATE, "%s: no logits yet: decode a token first", __func__);
-    *out_token = sp_sampler_sample(s->sampler, s->logits);
+    const float *logits = sp_get_logits(s);
+    if (!logits) return sp_err(SP_E_STATE, "%s: no logits yet: decode a token first", __func__);
+    *out_token = sp_sampler_sample(s->sampler, logits);
     return SP_OK;
 }
 
@@ -422,7 +442,8 @@ int32_t sp_session_n_ctx(const struct sp_session *s) {
 
 uint64_t sp_session_memory_bytes(const struct sp_session *s) {
     if (!s) return 0;
-    return sp_kv_bytes(s->kv) + sp_fwd_bytes(s->model, s->n_ctx, s->n_batch) + (uint64_t)s->model->mf->hp.n_vocab * sizeof(float);
+    return sp_kv_bytes(s->kv) + sp_fwd_bytes(s->model, s->n_ctx, s->n_batch) +
+           (uint64_t)s->n_rows * s->model->mf->hp.n_vocab * sizeof(float);
 }
 
 /* ---- memory budget -------------------------------------------------------- */

@@ -14,60 +14,6 @@ SPARROW_SHARED=${SPARROW_SHARED:-$root/../shared}
 
 name=cli
 . "$root/tests/lib/harness.sh"
-show_out() { printf 'stdout: %s' "$(head -c 400 "$tmp/out")"; }
-
-# t_rc NAME WANT
-t_rc() {
-    if [ "$rc" -eq "$2" ]; then ok "$1: exit $2"; else bad "$1: exit $rc, want $2" "$(show_err)"; fi
-}
-# t_line NAME EXPECTED: stdout is exactly EXPECTED plus a newline
-t_line() {
-    printf '%s\n' "$2" >"$tmp/want"
-    if cmp -s "$tmp/want" "$tmp/out"; then ok "$1: stdout '$2'"; else bad "$1: stdout differs, want '$2'" "$(show_out)" "$(show_err)"; fi
-}
-# t_file NAME FILE: stdout is byte-identical to FILE
-t_file() {
-    if cmp -s "$2" "$tmp/out"; then ok "$1: stdout matches $(basename "$2")"; else
-        bad "$1: stdout differs from $(basename "$2")" "want:   $(head -c 300 "$2")" "$(show_out)" "$(show_err)"; fi
-}
-# t_empty_out NAME / t_empty_err NAME
-t_empty_out() { if [ ! -s "$tmp/out" ]; then ok "$1: stdout empty"; else bad "$1: stdout not empty" "$(show_out)"; fi; }
-t_empty_err() { if [ ! -s "$tmp/err" ]; then ok "$1: stderr empty"; else bad "$1: stderr not empty" "$(show_err)"; fi; }
-# t_out_has NAME STRING... / t_err_has NAME STRING...: fixed strings present
-t_out_has() {
-    name=$1; shift
-    for s in "$@"; do
-        if grep -qF -e "$s" "$tmp/out"; then ok "$name: stdout has '$s'"; else bad "$name: stdout lacks '$s'" "$(show_out)"; fi
-    done
-}
-t_err_has() {
-    name=$1; shift
-    for s in "$@"; do
-        if grep -qF -e "$s" "$tmp/err"; then ok "$name: stderr has '$s'"; else bad "$name: stderr lacks '$s'" "$(show_err)"; fi
-    done
-}
-# t_err_one_line NAME: stderr is exactly one line starting "sparrow: "
-t_err_one_line() {
-    lines=$(wc -l <"$tmp/err" | tr -d ' ')
-    if [ "$lines" = 1 ] && head -n 1 "$tmp/err" | grep -q '^sparrow: '; then ok "$1: one-line error"; else
-        bad "$1: stderr should be one 'sparrow: ' line, has $lines" "$(show_err)"; fi
-}
-# t_usage NAME ARGS...: a usage error: exit 2, nothing on stdout, one line on stderr
-t_usage() {
-    name=$1; shift
-    sp "$@"
-    t_rc "$name" 2
-    t_empty_out "$name"
-    t_err_one_line "$name"
-}
-
-# need REL: the fixture's path in $fx, or a failure naming it (returns 1)
-need() {
-    fx=$SPARROW_SHARED/$1
-    if [ -r "$fx" ]; then return 0; fi
-    bad "missing fixture: $fx (set SPARROW_SHARED to the shared/ folder)"
-    return 1
-}
 
 if [ ! -x "$SPARROW" ]; then
     echo "FAIL sparrow binary not found at $SPARROW (build it first)"

@@ -56,6 +56,26 @@ static inline const char *need_fixture(const char *rel) {
     return p;
 }
 
+/* A whole file in malloc'd memory with a NUL after it (len may be NULL);
+ * NULL if it cannot be read. */
+static inline char *test_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL &&
+        fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        if (len) *len = (size_t)n;
+    }
+    return buf;
+}
+
 /* Scratch directory for files a test writes: $SPARROW_SCRATCH or /tmp. */
 static inline const char *scratch_dir(void) {
     const char *d = getenv("SPARROW_SCRATCH");

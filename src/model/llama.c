@@ -3,8 +3,9 @@
  * qwen3moe, Mixtral-style llama) over a batch of tokens, in llama2.c's order:
  *   embed -> per layer: rmsnorm -> q,k,v (+bias) -> (q/k norm) -> rope ->
  *   attention over the KV cache -> wo -> residual -> rmsnorm -> SwiGLU FFN
- *   (or the MoE block, moe.c) -> residual -> final rmsnorm -> output head
- *   (last token only).
+ *   (or the MoE block, moe.c) -> residual -> final rmsnorm -> output head (the
+ *   last token, or every token of the batch when the caller asks for all
+ *   logits, e.g. for perplexity).
  * Each weight is pinned through the pager right before use, multiplied with
  * all tokens of the batch at once (one pass over the weight), and unpinned.
  * Nothing here allocates: all scratch is in struct sp_fwd (sp_fwd_init).
@@ -212,7 +213,7 @@ static void add_rows(float *x, const float *y, size_t n) {
 /* ---- the forward pass --------------------------------------------------- */
 
 sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const int32_t *tokens,
-                     uint32_t n_tok, uint32_t pos0, float *logits) {
+                     uint32_t n_tok, uint32_t pos0, float *logits, bool all_logits) {
     const struct sp_hparams *hp = &m->mf->hp;
     const uint32_t E = hp->n_embd, hdk = hp->head_dim_k, hdv = hp->head_dim_v, F = hp->n_ff;
     const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk, VD = hp->n_kv_heads * hdv;
@@ -276,9 +277,11 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
     }
     if (logits) {
-        const float *last = f->x + (size_t)(n_tok - 1) * E;
-        TRY(norm(m, m->output_norm, last, f->xb, E, 1));
-        TRY(sp_fwd_matmul(m, f, m->output, f->xb, E, 1, logits, hp->n_vocab));
+        /* Output head: rows [first, n_tok) of the residual stream, one pass
+         * over the weight for all of them; row r lands at logits + r*n_vocab. */
+        const uint32_t first = all_logits ? 0 : n_tok - 1, n_out = n_tok - first;
+        TRY(norm(m, m->output_norm, f->x + (size_t)first * E, f->xb, E, n_out));
+        TRY(sp_fwd_matmul(m, f, m->output, f->xb, E, n_out, logits, hp->n_vocab));
     }
 #undef TRY
 out:

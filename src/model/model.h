@@ -116,10 +116,11 @@ sp_status sp_fwd_matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_te
 
 /* Run n_tok (1..n_batch) tokens at positions pos0.. through the model as one
  * batch, storing their K/V in kv, and (if logits != NULL) write the n_vocab
- * logits of the last token.  Never allocates.  SP_E_IO if the pager cannot
- * provide a weight. */
+ * logits of the last token -- or, with all_logits, of every token: n_tok rows
+ * of n_vocab, token t's at logits + t*n_vocab.  Never allocates.  SP_E_IO if
+ * the pager cannot provide a weight. */
 sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const int32_t *tokens,
-                     uint32_t n_tok, uint32_t pos0, float *logits);
+                     uint32_t n_tok, uint32_t pos0, float *logits, bool all_logits);
 
 /* Y = X W^T for rows [row0, row0 + n_rows) of weight t, pinned one pager
  * unit at a time (row0: 0 or the first row of an expert's slice). */
