@@ -699,7 +699,8 @@ static int32_t pick_victim(struct sp_pager *pg, int k, bool for_prefetch, int32_
         if (sl->state == SLOT_FREE || sl->state == SLOT_ERROR) return (int32_t)s;
         /* a prefetched unit nobody used yet is protected from other prefetches,
          * for a while: a wrong guess must not hold its slot forever */
-        const bool fresh = sl->prefetched && !sl->used && pg->tick - sl->last_use < (uint64_t)po->n;
+        const bool fresh = sl->prefetched && !sl->used &&
+                           (k == POOL_RING || pg->tick - sl->last_use < (uint64_t)po->n);
         uint64_t score;
         if (k == POOL_RING) {
             if (fresh && for_prefetch) continue;
