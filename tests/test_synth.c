@@ -69,7 +69,7 @@ static int count_tmp_files(void) {
 /* ---- listing and sizes ------------------------------------------------- */
 
 static void test_catalogue(void) {
-    static const char *const want[] = {"tiny", "tiny-moe", "llama-7b", "llama3-8b", "llama-34b", "qwen3-30b-a3b"};
+    static const char *const want[] = {"tiny", "tiny-moe", "deep-moe", "llama-7b", "llama3-8b", "llama-34b", "qwen3-30b-a3b"};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         int found = 0;
         for (int32_t k = 0; k < sp_synth_n_shapes(); k++) {
@@ -396,6 +396,61 @@ static void test_moe(void) {
     sp_model_free(m);
 }
 
+/* ---- routing at depth --------------------------------------------------------
+ * The deep-moe shape has qwen3-30b-a3b's layout (48 layers, 128 experts, 8
+ * active) at width 256.  Over 24 decoded tokens every layer, the deepest
+ * included, must choose close to as many distinct experts as uniform routing
+ * would (~97 of 128): a synthetic model whose tokens all route alike would
+ * make an expert cache look far better than it is. */
+static void test_deep_routing(void) {
+    const char *path = path_in("deep-moe.gguf");
+    sp_status rc = synth("deep-moe", "q4_0", path, 0, 2);
+    CHECKF(rc == SP_OK, "synth deep-moe: %s", sp_last_error());
+    struct sp_model *m = NULL;
+    struct sp_session *s = NULL;
+    if (rc == SP_OK) rc = sp_model_load(path, NULL, &m);
+    struct sp_session_params sp = sp_session_default_params();
+    sp.n_ctx = 32;
+    sp.sampling.temp = 0;
+    if (rc == SP_OK) rc = sp_session_init(m, &sp, &s);
+    if (rc == SP_OK) rc = sp_session_trace_routing(s, true);
+    CHECKF(rc == SP_OK, "deep-moe session: %s", sp_last_error());
+    enum { T = 24, L = 48, X = 128 };
+    static int count[L][X];
+    memset(count, 0, sizeof count);
+    int32_t tok = 1;
+    for (int t = 0; t < T && rc == SP_OK; t++) {
+        rc = sp_decode(s, &tok, 1);
+        CHECKF(rc == SP_OK, "deep-moe decode %d: %s", t, sp_last_error());
+        for (uint32_t il = 0; il < L && rc == SP_OK; il++) {
+            struct sp_moe_route r;
+            if (sp_session_routing(s, il, (uint32_t)t, &r) && r.n_experts == X) {
+                for (uint32_t k = 0; k < r.n_used; k++) count[il][r.experts[k]]++;
+            }
+        }
+        tok = (int32_t)((t * 7919 + 13) % 2048); /* a varied prompt, not the model's own loop */
+    }
+    int worst = X, worst_layer = -1, most = 0;
+    for (int il = 0; il < L; il++) {
+        int d = 0;
+        for (int e = 0; e < X; e++) {
+            d += count[il][e] > 0;
+            most = count[il][e] > most ? count[il][e] : most;
+        }
+        if (d < worst) {
+            worst = d;
+            worst_layer = il;
+        }
+    }
+    printf("  deep-moe: fewest distinct experts over %d tokens: %d of %d (layer %d); most picks of one expert: %d\n",
+           T, worst, X, worst_layer, most);
+    CHECKF(worst >= 80 && most <= 10, "deep-moe routes alike: %d distinct in layer %d, one expert picked %d times",
+           worst, worst_layer, most);
+    sp_session_free(s);
+    sp_model_free(m);
+    unlink(path);
+}
+
 /* ---- failures leave nothing behind ---------------------------------------- */
 
 static bool cancel_after(uint64_t done, uint64_t total, void *user) {
@@ -447,6 +502,7 @@ int main(void) {
     test_kquant_accuracy();
     test_determinism();
     test_moe();
+    test_deep_routing();
     test_failure_paths();
     CHECK(count_tmp_files() == 0);
     /* clean up */

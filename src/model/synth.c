@@ -43,6 +43,8 @@ static const struct shape shapes[] = {
      1e-5f},
     {"tiny-moe", "qwen3moe", "test shape: qwen3moe, 2 layers, 8 experts (2 active)", 512, 1024, 256, 2, 4, 2, 64, 768,
      8, 2, 256, 1000000.0f, 1e-6f},
+    {"deep-moe", "qwen3moe", "test shape: the qwen3-30b-a3b layout (48 layers, 128 experts, 8 active) at width 256",
+     2048, 1024, 256, 48, 4, 2, 64, 512, 128, 8, 64, 1000000.0f, 1e-6f},
     {"llama-7b", "llama", "Llama 2 7B", 32000, 4096, 4096, 32, 32, 32, 128, 11008, 0, 0, 0, 10000.0f, 1e-5f},
     {"llama3-8b", "llama", "Llama 3 8B (GQA 32/8)", 128256, 8192, 4096, 32, 32, 8, 128, 14336, 0, 0, 0, 500000.0f,
      1e-5f},
@@ -84,7 +86,18 @@ static uint32_t weight_type(enum ftype ft, char kind, uint32_t il, uint32_t n_la
 
 /* ---- the tensor plan: what the file holds, in file order ------------------ */
 
-enum init { INIT_WEIGHT, INIT_NORM };
+/* Keeping tokens apart in a random network.  Random attention averages the
+ * values of the whole context, so its output is nearly the same for every
+ * later token; summed over dozens of layers it swamps what is particular to
+ * the token, and every token then routes to the same few experts in deep
+ * layers -- a cache's best case, not the worst.  So the embedding is drawn
+ * at unit scale (INIT_EMBED: its norm is sqrt(n_embd), as large as a normed
+ * block input) and the projections that write into the residual stream
+ * (attention output, FFN and expert down) 1/sqrt(2 n_layers) smaller
+ * (INIT_RESID, as depth-scaled initialisations do).  Measured on the
+ * deep-moe shape (tests/test_synth.c): ~97 distinct experts of 128 chosen
+ * over 24 tokens in every layer, as uniform routing gives, instead of ~25. */
+enum init { INIT_WEIGHT, INIT_NORM, INIT_RESID, INIT_EMBED };
 
 struct tplan {
     char name[48];
@@ -140,14 +153,14 @@ static sp_status plan_build(const struct shape *s, enum ftype ft, struct plan *p
     } while (0)
 #define W(kind, il) weight_type(ft, kind, il, s->n_layers)
     snprintf(nm, sizeof nm, "token_embd.weight");
-    ADD(INIT_WEIGHT, W('e', 0), E, V, 1);
+    ADD(INIT_EMBED, W('e', 0), E, V, 1);
     for (uint32_t il = 0; il < L; il++) {
 #define NM(x) snprintf(nm, sizeof nm, "blk.%u." x, il)
         NM("attn_norm.weight"); ADD(INIT_NORM, SP_QTYPE_F32, E, 1, 1);
         NM("attn_q.weight"); ADD(INIT_WEIGHT, W('w', il), E, QD, 1);
         NM("attn_k.weight"); ADD(INIT_WEIGHT, W('w', il), E, KD, 1);
         NM("attn_v.weight"); ADD(INIT_WEIGHT, W('v', il), E, KD, 1);
-        NM("attn_output.weight"); ADD(INIT_WEIGHT, W('w', il), QD, E, 1);
+        NM("attn_output.weight"); ADD(INIT_RESID, W('w', il), QD, E, 1);
         if (moe) { /* qwen3moe: per-head q/k norms */
             NM("attn_q_norm.weight"); ADD(INIT_NORM, SP_QTYPE_F32, s->head_dim, 1, 1);
             NM("attn_k_norm.weight"); ADD(INIT_NORM, SP_QTYPE_F32, s->head_dim, 1, 1);
@@ -158,11 +171,11 @@ static sp_status plan_build(const struct shape *s, enum ftype ft, struct plan *p
             NM("ffn_gate_inp.weight"); ADD(INIT_WEIGHT, SP_QTYPE_F32, E, X, 1); /* router, never quantized */
             NM("ffn_gate_exps.weight"); ADD(INIT_WEIGHT, W('w', il), E, FE, X);
             NM("ffn_up_exps.weight"); ADD(INIT_WEIGHT, W('w', il), E, FE, X);
-            NM("ffn_down_exps.weight"); ADD(INIT_WEIGHT, W('d', il), FE, E, X);
+            NM("ffn_down_exps.weight"); ADD(INIT_RESID, W('d', il), FE, E, X);
         } else {
             NM("ffn_gate.weight"); ADD(INIT_WEIGHT, W('w', il), E, F, 1);
             NM("ffn_up.weight"); ADD(INIT_WEIGHT, W('w', il), E, F, 1);
-            NM("ffn_down.weight"); ADD(INIT_WEIGHT, W('d', il), F, E, 1);
+            NM("ffn_down.weight"); ADD(INIT_RESID, W('d', il), F, E, 1);
         }
 #undef NM
     }
@@ -204,11 +217,15 @@ static inline uint64_t mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-static void gen_row(uint64_t seed, uint32_t ti, uint64_t row, enum init init, float *x, int64_t n) {
+static void gen_row(uint64_t seed, uint32_t ti, uint64_t row, enum init init, uint32_t n_layers, float *x,
+                    int64_t n) {
     const uint64_t base = mix64(seed ^ mix64(((uint64_t)ti << 40) ^ row ^ 0x5eed5eedull));
     /* sum of 4 uniforms on [0, 65535]: mean 131070, variance 4 * (65536^2 - 1) / 12 */
     const float mean = 131070.0f, inv_sd = (float)(1.0 / sqrt(4.0 * (65536.0 * 65536.0 - 1.0) / 12.0));
-    const float scale = init == INIT_NORM ? 0.02f : (float)(1.0 / sqrt((double)n));
+    const float scale = init == INIT_NORM    ? 0.02f
+                        : init == INIT_EMBED ? 1.0f
+                        : init == INIT_RESID ? (float)(1.0 / sqrt((double)n * 2.0 * n_layers))
+                                             : (float)(1.0 / sqrt((double)n));
     const float offset = init == INIT_NORM ? 1.0f : 0.0f;
     for (int64_t i = 0; i < n; i++) {
         const uint64_t r = mix64(base + (uint64_t)i * GAMMA);
@@ -321,7 +338,7 @@ struct slab {
     const struct tplan *t;
     sp_from_float_fn from_float;
     uint64_t seed;
-    uint32_t ti;
+    uint32_t ti, n_layers;
     int64_t row0, n_rows;
     size_t row_bytes;
     uint8_t *out;  /* (n_rows * row_bytes) */
@@ -333,7 +350,7 @@ static void slab_task(void *arg, int ith, int nth) {
     const int64_t a = sl->n_rows * ith / nth, b = sl->n_rows * (ith + 1) / nth;
     float *x = sl->fbuf[ith];
     for (int64_t r = a; r < b; r++) {
-        gen_row(sl->seed, sl->ti, (uint64_t)(sl->row0 + r), sl->t->init, x, sl->t->ne[0]);
+        gen_row(sl->seed, sl->ti, (uint64_t)(sl->row0 + r), sl->t->init, sl->n_layers, x, sl->t->ne[0]);
         sl->from_float(x, sl->out + (size_t)r * sl->row_bytes, sl->t->ne[0]);
     }
 }
@@ -553,7 +570,7 @@ sp_status sp_synth(const struct sp_synth_params *params) {
     for (uint32_t i = 0; i < p.n; i++) {
         const struct tplan *t = &p.t[i];
         const int64_t rows = t->ne[1] * t->ne[2];
-        struct slab sl = {.t = t, .from_float = synth_quantizer(t->type), .seed = P->seed, .ti = i,
+        struct slab sl = {.t = t, .from_float = synth_quantizer(t->type), .seed = P->seed, .ti = i, .n_layers = s->n_layers,
                           .row_bytes = sp_qtype_row_bytes(t->type, t->ne[0]), .out = out, .fbuf = fbuf};
         const int64_t per_slab = (int64_t)(out_cap / sl.row_bytes);
         for (int64_t r = 0; r < rows; r += per_slab) {
