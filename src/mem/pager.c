@@ -42,7 +42,7 @@
 
 #define ALIGN ((uint64_t)SP_PLAN_IO_ALIGN)
 #define IO_CHUNK ((uint64_t)8 << 20)
-#define DEFAULT_IO_THREADS 4u
+#define DEFAULT_IO_THREADS 8u
 
 enum slot_state { SLOT_FREE = 0, SLOT_LOADING, SLOT_READY, SLOT_ERROR };
 enum pool_id { POOL_RING = 0, POOL_EXPERT, POOL_ROWS, POOL_COUNT };

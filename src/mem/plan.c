@@ -170,15 +170,16 @@ sp_status sp_plan_make(const struct sp_plan_input *in, struct sp_plan *p) {
         return SP_OK;
     }
 
-    /* The smallest working set: small tensors pinned, two ring slots, enough
-     * expert slots for every unit of one expert of one tensor twice over, the
-     * row pool. */
+    /* The smallest working set: small tensors pinned, two ring slots, expert
+     * slots for the gate and up slices of every chosen expert (and one more),
+     * the row pool. */
     const uint64_t row_pool = row_unit ? ROW_SLOTS * p->row_slot_bytes : 0;
     uint32_t upe_max = 1;
     for (uint32_t i = 0; i < mf->n_tensors; i++) {
         if (p->t[i].cls == SP_TC_EXPERT) upe_max = SP_MAX(upe_max, p->t[i].units_per_expert);
     }
-    const uint64_t expert_min = expert_unit ? 2ull * upe_max : 0;
+    /* a one-token decode pins the gate and up slices of all chosen experts at once */
+    const uint64_t expert_min = expert_unit ? (2ull * SP_MAX(in->n_experts_used, 1u) + 1) * upe_max : 0;
     const uint64_t ring_min = ring_unit ? RING_SLOTS_MIN : 0;
     p->min_budget = fixed + small + row_pool + ring_min * p->ring_slot_bytes + expert_min * p->expert_slot_bytes;
     if (in->budget < p->min_budget) {

@@ -302,6 +302,87 @@ static sp_status expert_matmul(struct sp_model *m, struct sp_fwd *f, const struc
     return sp_matmul_rows(m, f, t, (uint64_t)expert * rows, rows, x, x_ld, n_tok, y, y_ld);
 }
 
+/* ---- one-token decode: all chosen experts at once ---------------------------- */
+
+#define MAX_PARTS 192 /* pinned units per pass; more falls back to one expert at a time */
+
+struct pinned {
+    const struct sp_tensor_desc *t;
+    const void *w;
+};
+
+static void unpin_all(struct sp_pager *pg, struct pinned *p, int n) {
+    for (int i = 0; i < n; i++) sp_pager_unpin(pg, p[i].t, p[i].w);
+}
+
+/* Pin expert e's slice of t unit by unit and describe one product per unit:
+ * x (already converted, x_stride) times the slice, into y (n_out floats). */
+static sp_status add_parts(struct sp_model *m, const struct sp_tensor_desc *t, uint32_t e, const void *xc,
+                           size_t x_stride, float *y, struct sp_mm_part *parts, struct pinned *pins, int *n) {
+    const uint32_t rows = (uint32_t)t->ne[1], unit = sp_pager_unit_rows(m->pager, t);
+    const uint64_t row_bytes = sp_qtype_row_bytes(t->type, t->ne[0]);
+    for (uint32_t r = 0; r < rows; r += unit) {
+        const uint32_t nr = SP_MIN(unit, rows - r);
+        if (*n == MAX_PARTS) return SP_E_BUFFER;
+        const void *w;
+        sp_status rc = sp_pager_pin_range(m->pager, t, ((uint64_t)e * rows + r) * row_bytes, (uint64_t)nr * row_bytes, &w);
+        if (rc) return rc;
+        pins[*n] = (struct pinned){t, w};
+        parts[*n] = (struct sp_mm_part){t->type, w, t->ne[0], nr, xc, x_stride, 1, y + r, (int64_t)rows};
+        ++*n;
+    }
+    return SP_OK;
+}
+
+/* One token, K experts: the gate and up products of all of them in one
+ * parallel pass, then all down products in another -- two wake-ups of the
+ * thread pool per layer instead of 3K.  Returns SP_E_BUFFER (nothing done)
+ * when the batch scratch or the part table is too small: the caller then runs
+ * the experts one by one.  Same arithmetic as run_expert. */
+static sp_status decode_experts(struct sp_model *m, struct sp_fwd *f, const struct sp_layer_weights *L) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    const uint32_t E = hp->n_embd, FE = hp->n_ff_exp, K = hp->n_experts_used;
+    const struct sp_tensor_desc *G = L->ffn_gate_exps, *U = L->ffn_up_exps, *D = L->ffn_down_exps;
+    if (K > f->n_batch || G->type != U->type) return SP_E_BUFFER;
+    struct sp_mm_part parts[MAX_PARTS];
+    struct pinned pins[MAX_PARTS];
+    int n = 0;
+    size_t stride;
+    const void *xc = sp_act_convert(G->type, f->xb, E, E, 1, f->xq, &stride);
+    sp_status rc = SP_OK;
+    for (uint32_t k = 0; k < K && rc == SP_OK; k++) {
+        const uint32_t e = (uint32_t)f->sel[k];
+        rc = add_parts(m, G, e, xc, stride, f->hb + (size_t)k * FE, parts, pins, &n);
+        if (rc == SP_OK) rc = add_parts(m, U, e, xc, stride, f->hb2 + (size_t)k * FE, parts, pins, &n);
+    }
+    if (rc == SP_OK) sp_matmul_multi(f->pool, parts, n);
+    unpin_all(m->pager, pins, n);
+    if (rc) return rc;
+    sp_silu_mul(f->hb, f->hb2, (int64_t)K * FE);
+    const void *hc = sp_act_convert(D->type, f->hb, FE, FE, K, f->xq, &stride);
+    n = 0;
+    for (uint32_t k = 0; k < K && rc == SP_OK; k++) {
+        rc = add_parts(m, D, (uint32_t)f->sel[k], (const uint8_t *)hc + k * stride, stride, f->yg + (size_t)k * E,
+                       parts, pins, &n);
+    }
+    if (rc == SP_OK) sp_matmul_multi(f->pool, parts, n);
+    unpin_all(m->pager, pins, n);
+    if (rc) return rc;
+    /* the weighted sum in ascending expert id, as run_expert adds them */
+    float *out = f->xb2;
+    for (uint32_t done = 0, last = 0; done < K; done++) {
+        uint32_t k = K;
+        for (uint32_t j = 0; j < K; j++) {
+            const uint32_t e = (uint32_t)f->sel[j];
+            if ((done == 0 || e > last) && (k == K || e < (uint32_t)f->sel[k])) k = j;
+        }
+        last = (uint32_t)f->sel[k];
+        const float wk = f->sel_w[k], *y = f->yg + (size_t)k * E;
+        for (uint32_t i = 0; i < E; i++) out[i] += wk * y[i];
+    }
+    return SP_OK;
+}
+
 /* Expert e on its group of n tokens: gather their rows of xb, SwiGLU, and
  * add w * output into their rows of xb2. */
 static sp_status run_expert(struct sp_model *m, struct sp_fwd *f, const struct sp_layer_weights *L, uint32_t e,
@@ -362,9 +443,14 @@ sp_status sp_moe_ffn(struct sp_model *m, struct sp_fwd *f, uint32_t il, uint32_t
     experts_chosen(m, f, il, n_tok);
 
     memset(f->xb2, 0, (size_t)n_tok * E * sizeof(float));
-    for (uint32_t e = 0; e < X; e++) {
-        const uint32_t a = f->grp_off[e], n = f->grp_off[e + 1] - a;
-        if (n && (rc = run_expert(m, f, L, e, f->grp_tok + a, f->grp_w + a, n, n_tok))) return rc;
+    rc = n_tok == 1 ? decode_experts(m, f, L) : SP_E_BUFFER;
+    if (rc == SP_E_BUFFER) {
+        for (uint32_t e = 0; e < X; e++) {
+            const uint32_t a = f->grp_off[e], n = f->grp_off[e + 1] - a;
+            if (n && (rc = run_expert(m, f, L, e, f->grp_tok + a, f->grp_w + a, n, n_tok))) return rc;
+        }
+    } else if (rc) {
+        return rc;
     }
     if (L->ffn_gate_shexp && (rc = shared_expert(m, f, L, n_tok))) return rc;
     return SP_OK;

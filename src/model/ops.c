@@ -102,3 +102,50 @@ void sp_matmul(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_co
         sp_pool_run(pool, matmul_task, &j);
     }
 }
+
+/* ---- several products in one parallel pass ------------------------------ */
+
+struct multi_job {
+    const struct sp_mm_part *parts;
+    int n;
+    int64_t n_chunks; /* 16-row chunks over all parts */
+};
+
+static void multi_task(void *arg, int ith, int nth) {
+    const struct multi_job *j = arg;
+    const int64_t per = (j->n_chunks + nth - 1) / nth;
+    const int64_t c0 = per * ith, c1 = SP_MIN(j->n_chunks, per * (ith + 1));
+    int64_t base = 0; /* first chunk of part k */
+    for (int k = 0; k < j->n && base < c1; k++) {
+        const struct sp_mm_part *p = &j->parts[k];
+        const int64_t nc = (p->n_rows + 15) / 16;
+        const int64_t a = SP_MAX(c0, base) - base, b = SP_MIN(c1, base + nc) - base;
+        base += nc;
+        if (b <= a) continue;
+        const int64_t r0 = a * 16, r1 = SP_MIN(p->n_rows, b * 16);
+        const struct sp_qtraits *tw = sp_qtraits_get(p->wtype);
+        const size_t row_bytes = sp_qtype_row_bytes(p->wtype, p->n_cols);
+        const uint8_t *w = (const uint8_t *)p->w + (size_t)r0 * row_bytes;
+        if (tw->gemm) {
+            tw->gemm(p->n_cols, w, row_bytes, r1 - r0, p->xc, p->x_stride, p->n_tok, p->y + r0, p->ldy);
+        } else {
+            sp_gemm_generic(p->wtype, p->n_cols, w, row_bytes, r1 - r0, p->xc, p->x_stride, p->n_tok, p->y + r0,
+                            p->ldy);
+        }
+    }
+}
+
+void sp_matmul_multi(struct sp_pool *pool, const struct sp_mm_part *parts, int n) {
+    struct multi_job j = {parts, n, 0};
+    uint64_t bytes = 0;
+    for (int k = 0; k < n; k++) {
+        SP_ASSERT(sp_qtraits_get(parts[k].wtype) && sp_qtraits_get(parts[k].wtype)->vec_dot);
+        j.n_chunks += (parts[k].n_rows + 15) / 16;
+        bytes += (uint64_t)parts[k].n_rows * sp_qtype_row_bytes(parts[k].wtype, parts[k].n_cols);
+    }
+    if (!pool || sp_pool_n_threads(pool) == 1 || bytes < (1u << 15)) {
+        multi_task(&j, 0, 1);
+    } else {
+        sp_pool_run(pool, multi_task, &j);
+    }
+}

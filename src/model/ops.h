@@ -42,4 +42,22 @@ const void *sp_act_convert(uint32_t wtype, const float *x, int64_t n, int64_t x_
 void sp_matmul(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_cols, int64_t n_rows, const void *xc,
                size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
 
+/* One product of a batch for sp_matmul_multi: the arguments of sp_matmul. */
+struct sp_mm_part {
+    uint32_t wtype;
+    const void *w;
+    int64_t n_cols, n_rows;
+    const void *xc;
+    size_t x_stride;
+    int64_t n_tok;
+    float *y;
+    int64_t ldy;
+};
+
+/* Several independent products in one parallel pass: the threads split the
+ * rows of all parts between them (contiguous 16-row chunks), so a batch of
+ * small products -- the chosen experts of a layer -- costs one wake-up of the
+ * pool instead of one per product.  Same results as sp_matmul on each. */
+void sp_matmul_multi(struct sp_pool *pool, const struct sp_mm_part *parts, int n);
+
 #endif /* SP_OPS_H */

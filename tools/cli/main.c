@@ -1166,7 +1166,8 @@ static void help_bench(FILE *f) {
             "                          mem_budget_bytes to the JSON.  expert_hit_rate (MoE:\n"
             "                          expert slices found cached) and prefetch_accuracy\n"
             "                          (prefetched units used before eviction) are measured\n"
-            "                          over the decodes; null where they do not apply\n"
+            "                          over the decodes; null where they do not apply;\n"
+            "                          io_wait_s_per_token: time a decode waited for reads\n"
             "      --cold              evict the model file from the page cache before each\n"
             "                          repetition (posix_fadvise DONTNEED)\n"
             "      --json              print one JSON object on stdout instead of the table:\n"
@@ -1187,6 +1188,7 @@ struct bench_run {
     double load_s, ttft_s, prefill_tps, decode_tps, decode_ms_per_token;
     double peak_rss_bytes, bytes_read, rchar, bytes_read_per_token;
     double expert_hit_rate, prefetch_accuracy; /* over the decodes; NaN (null) when not applicable */
+    double io_wait_s_per_token; /* time the decodes waited for weight reads / N (0 without a budget) */
 };
 
 /* The fields a repetition reports, in output order (a table keeps the JSON
@@ -1207,6 +1209,7 @@ static const struct {
     {"bytes_read_per_token", offsetof(struct bench_run, bytes_read_per_token), 1},
     {"expert_hit_rate", offsetof(struct bench_run, expert_hit_rate), 0},
     {"prefetch_accuracy", offsetof(struct bench_run, prefetch_accuracy), 0},
+    {"io_wait_s_per_token", offsetof(struct bench_run, io_wait_s_per_token), 0},
 };
 
 static double *bench_field(struct bench_run *r, size_t i) {
@@ -1381,6 +1384,7 @@ static int bench_once(const char *path, enum sp_weight_mode weights, uint64_t me
                          : info->n_experts > 0 && n_gen > 0 ? 1.0
                                                             : NAN;
     r->prefetch_accuracy = pf ? (double)(ms2.prefetch_used - ms1.prefetch_used) / pf : NAN;
+    r->io_wait_s_per_token = n_gen > 0 ? (ms2.wait_s - ms1.wait_s) / n_gen : NAN;
     r->peak_rss_bytes = proc_hwm();
     r->bytes_read = io0 >= 0 && io2 >= 0 ? io2 - io0 : NAN;
     r->rchar = rc0 >= 0 && rc2 >= 0 ? rc2 - rc0 : NAN;
@@ -1520,8 +1524,8 @@ static int cmd_bench(int argc, char **argv) {
         printf("model: %.2f GiB of tensors, %.1f MiB touched per decoded token\n",
                (double)info.tensor_bytes / 1073741824.0, (double)info.bytes_per_token / 1048576.0);
         if (isfinite(r->expert_hit_rate) || isfinite(r->prefetch_accuracy)) {
-            printf("experts: hit rate %.3f, prefetch accuracy %.3f (medians over the decodes)\n", r->expert_hit_rate,
-                   r->prefetch_accuracy);
+            printf("experts: hit rate %.3f, prefetch accuracy %.3f; waited for reads %.3f s per token (medians over "
+                   "the decodes)\n", r->expert_hit_rate, r->prefetch_accuracy, r->io_wait_s_per_token);
         }
     }
     if (fflush(stdout) != 0) {
