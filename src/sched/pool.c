@@ -37,8 +37,13 @@
 
 /* Spin this many pauses before yielding the CPU on each further check: with
  * more threads than free cores a spinning thread would otherwise hold the
- * core that the thread it waits for needs. */
-enum { SPIN_ITERS = 20000, SPIN_BEFORE_YIELD = 2000 };
+ * core that the thread it waits for needs.  Then sleep: 1000 yields (~1 ms)
+ * cover the gaps between the products of a token; longer gaps (the pager
+ * waiting for a read, serial work of the MoE router) are better slept
+ * through -- each yield is a system call that, with I/O threads and other
+ * processes runnable, becomes a context switch (perf: ~30% of a budgeted
+ * MoE decode went to sched_yield with 18000 yields before sleeping). */
+enum { SPIN_ITERS = 3000, SPIN_BEFORE_YIELD = 2000 };
 
 static inline void backoff(int i) {
     if (i < SPIN_BEFORE_YIELD) {
