@@ -99,6 +99,7 @@ void sp_fwd_free(struct sp_fwd *f) {
  * x_ld apart) give n_tok rows of y (n_out floats, y_ld apart). */
 static sp_status matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, const float *x,
                         int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld) {
+    if (f->observe) f->observe(f->observe_ctx, t, x, x_ld, n_tok);
     const void *w;
     sp_status rc = sp_pager_pin(m->pager, t, &w);
     if (rc) return rc;
