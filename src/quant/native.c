@@ -172,7 +172,9 @@ static inline int round_even(float v) {
 }
 
 /* d = amax / 127, q = round_even(x * (127 / amax)) clamped to +-127 (NaN
- * gives -127), padded elements 0; then the scaled sums. */
+ * gives -127), padded elements 0; then the scaled sums.  NaN is ignored by
+ * amax; a block with amax below 2^-100 (zero, subnormal) is stored as zeros
+ * (d = 0), so 127 / amax never overflows. */
 void sp_x8_from_float_ref(const float *restrict src, void *restrict dst, int64_t n) {
     struct sp_block_x8 *y = dst;
     for (int64_t i0 = 0; i0 < n; i0 += SP_QK_X8, y++) {
@@ -182,11 +184,12 @@ void sp_x8_from_float_ref(const float *restrict src, void *restrict dst, int64_t
             const float a = fabsf(src[i0 + i]);
             if (a > amax) amax = a; /* NaN is skipped (as max_ps(|x|, m) does) */
         }
-        const float id = amax != 0.0f ? 127.f / amax : 0.0f;
-        y->d = amax / 127.f;
+        const bool zero = !(amax >= 0x1p-100f);
+        const float id = zero ? 0.0f : 127.f / amax;
+        y->d = zero ? 0.0f : amax / 127.f;
         int sums[4] = {0, 0, 0, 0};
         for (int i = 0; i < SP_QK_X8; i++) {
-            const int q = i < nv ? round_even(src[i0 + i] * id) : 0;
+            const int q = i < nv && !zero ? round_even(src[i0 + i] * id) : 0;
             y->qs[i] = (int8_t)(q < -127 ? -127 : q > 127 ? 127 : q);
             sums[i / 32] += y->qs[i];
         }
@@ -206,30 +209,56 @@ static void x8_to_float(const void *restrict src, float *restrict dst, int64_t n
  * Weight quantizers
  * ======================================================================== */
 
+/* v clamped to [lo, hi], NaN -> lo (two branch-free max / min). */
 static inline float clampf(float v, float lo, float hi) {
-    return v < lo ? lo : (v > hi ? hi : v); /* NaN -> hi */
+    const float a = v > lo ? v : lo;
+    return a < hi ? a : hi;
 }
 
-/* Nearest integer code of v in [lo, hi], ties to even (defined for NaN). */
+/* Nearest integer to v clamped to [lo, hi] (|lo|, |hi| < 2^22), ties to
+ * even, as a float: adding and removing 1.5 * 2^23 rounds in the default FP
+ * environment without a libm call.  NaN gives lo. */
+static inline float qrf(float v, float lo, float hi) {
+    return (clampf(v, lo, hi) + 0x1.8p23f) - 0x1.8p23f;
+}
+
 static inline int qround(float v, int lo, int hi) {
-    return (int)rintf(clampf(v, (float)lo, (float)hi));
+    return (int)qrf(v, (float)lo, (float)hi);
 }
 
-/* sum_i w_i (x_i - d q_i)^2 for q_i = round(x_i / d) in [lo, hi]; d != 0. */
-static double sym_err(const float *x, const float *w, int nv, float d, int lo, int hi) {
+/* sum_i w_i (x_i - d q_i)^2 for q_i = round(x_i / d) in [lo, hi]; d != 0.
+ * Sums here are float, in element order: blocks are at most 128 long. */
+static float sym_err(const float *x, const float *w, int nv, float d, int lo, int hi) {
     const float id = 1.0f / d;
-    double e = 0;
+    float e[4] = {0, 0, 0, 0}; /* four partial sums (independent chains), i % 4 */
     for (int i = 0; i < nv; i++) {
-        const float r = x[i] - d * (float)qround(x[i] * id, lo, hi);
-        e += (double)(w[i] * r * r);
+        const float r = x[i] - d * qrf(x[i] * id, (float)lo, (float)hi);
+        e[i & 3] += w[i] * r * r;
     }
-    return e;
+    return (e[0] + e[1]) + (e[2] + e[3]);
 }
 
-/* Symmetric FP16 scale: for each candidate 1/d mapping the element of
- * largest magnitude to -(2^(bits-1) + delta), delta in [-1, 1] by 1/8, round
- * the codes, refit d by weighted least squares; keep the best.  Then the
- * codes are re-rounded against the fp16 d that is stored. */
+/* For codes q_i = round(x_i * id) in [lo, hi]: the least-squares scale
+ * sum w x q / sum w q^2 (0 if all codes are 0); *gain = (sum w x q)^2 /
+ * sum w q^2, by which the error drops below sum w x^2. */
+static float sym_fit(const float *x, const float *w, int nv, float id, int lo, int hi, float *gain) {
+    float a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0}; /* partial sums, i % 4 */
+    for (int i = 0; i < nv; i++) {
+        const float q = qrf(x[i] * id, (float)lo, (float)hi);
+        a[i & 3] += w[i] * x[i] * q;
+        b[i & 3] += w[i] * q * q;
+    }
+    const float sxq = (a[0] + a[1]) + (a[2] + a[3]), sqq = (b[0] + b[1]) + (b[2] + b[3]);
+    *gain = sqq > 0 ? sxq * sxq / sqq : -1;
+    return sqq > 0 ? sxq / sqq : 0;
+}
+
+/* Symmetric FP16 scale: for each of 13 candidates 1/d mapping the element
+ * of largest magnitude to -(2^(bits-1) + delta), delta in [-2, 2] by 1/3
+ * (negative d when that element is positive), round the codes and refit d
+ * by weighted least squares; keep the best fit, refine it twice, and pick
+ * among its fp16 value and the two fp16 neighbours.  (A finer or wider grid
+ * changed the errors of test_native by < 0.5%.) */
 static float search_fp16(const float *x, const float *w, int nv, int lo, int hi) {
     float amax = 0, xm = 0;
     for (int i = 0; i < nv; i++) {
@@ -239,31 +268,31 @@ static float search_fp16(const float *x, const float *w, int nv, int lo, int hi)
         }
     }
     if (amax == 0 || !isfinite(amax)) return amax == 0 ? 0.0f : xm / (float)lo;
-    double best = -1;
-    float best_d = xm / (float)lo;
-    for (int k = 0; k <= 16; k++) {
-        const float id = ((float)lo - 1.0f + (float)k / 8.0f) / xm;
-        double sxq = 0, sqq = 0;
-        for (int i = 0; i < nv; i++) {
-            const float q = (float)qround(x[i] * id, lo, hi);
-            sxq += (double)(w[i] * x[i] * q);
-            sqq += (double)(w[i] * q * q);
-        }
-        if (sqq <= 0) continue;
-        const double gain = sxq * sxq / sqq; /* error = sum w x^2 - gain */
+    float best = -1, best_d = xm / (float)lo;
+    for (int k = 0; k <= 12; k++) {
+        float gain;
+        const float d = sym_fit(x, w, nv, ((float)lo - 2.0f + (float)k / 3.0f) / xm, lo, hi, &gain);
         if (gain > best) {
             best = gain;
-            best_d = (float)(sxq / sqq);
+            best_d = d;
         }
+    }
+    /* refine: re-round against the fitted d and refit, twice (each step
+     * lowers the error, for fixed codes and then for fixed d) */
+    for (int it = 0; it < 2 && best_d != 0; it++) {
+        float gain;
+        const float d = sym_fit(x, w, nv, 1.0f / best_d, lo, hi, &gain);
+        if (!(gain > 0)) break;
+        best_d = d;
     }
     /* the fp16 rounding of d moves the optimum a little: compare neighbours */
     const uint16_t h = sp_fp32_to_fp16(best_d);
     float d = sp_fp16_to_fp32(h);
-    double e = d != 0 ? sym_err(x, w, nv, d, lo, hi) : INFINITY;
+    float e = d != 0 ? sym_err(x, w, nv, d, lo, hi) : INFINITY;
     for (int s = -1; s <= 1; s += 2) {
         const float dn = sp_fp16_to_fp32((uint16_t)(h + s));
         if (dn == 0 || !isfinite(dn) || (dn > 0) != (d > 0)) continue;
-        const double en = sym_err(x, w, nv, dn, lo, hi);
+        const float en = sym_err(x, w, nv, dn, lo, hi);
         if (en < e) {
             e = en;
             d = dn;
@@ -280,11 +309,11 @@ static uint8_t search_e8(const float *x, const float *w, int nv, int lo, int hi)
     if (amax == 0 || !isfinite(amax)) return amax == 0 ? 0 : 254;
     int k0;
     (void)frexpf(amax / (float)hi, &k0); /* amax / hi in [2^(k0-1), 2^k0) */
-    double best = INFINITY;
+    float best = INFINITY;
     int best_e = 0;
     for (int k = k0 - 2; k <= k0; k++) {
         const int e = k + 127 < 1 ? 1 : k + 127 > 254 ? 254 : k + 127;
-        const double err = sym_err(x, w, nv, sp_e8m0_to_fp32((uint8_t)e), lo, hi);
+        const float err = sym_err(x, w, nv, sp_e8m0_to_fp32((uint8_t)e), lo, hi);
         if (err < best) {
             best = err;
             best_e = e;
@@ -294,12 +323,12 @@ static uint8_t search_e8(const float *x, const float *w, int nv, int lo, int hi)
 }
 
 /* Weighted error of x ~ d * u + m with u = round((x - m) / d) in [0, umax]. */
-static double asym_err(const float *x, const float *w, int nv, float d, float m, int umax) {
-    double e = 0;
+static float asym_err(const float *x, const float *w, int nv, float d, float m, int umax) {
+    float e = 0;
     const float id = d != 0 ? 1.0f / d : 0.0f;
     for (int i = 0; i < nv; i++) {
-        const float r = x[i] - (d * (float)qround((x[i] - m) * id, 0, umax) + m);
-        e += (double)(w[i] * r * r);
+        const float r = x[i] - (d * qrf((x[i] - m) * id, 0.0f, (float)umax) + m);
+        e += w[i] * r * r;
     }
     return e;
 }
@@ -318,32 +347,35 @@ static void search_asym(const float *x, const float *w, int nv, int umax, float 
         *m_out = isfinite(xmin) ? xmin : 0;
         return;
     }
-    double best = INFINITY;
-    float bd = (xmax - xmin) / (float)umax, bm = xmin;
-    for (int t = 0; t <= 8; t++) {
+    float sw = 0, sx = 0; /* the same for every fit */
+    for (int i = 0; i < nv; i++) {
+        sw += w[i];
+        sx += w[i] * x[i];
+    }
+    float best = INFINITY, bd = (xmax - xmin) / (float)umax, bm = xmin;
+    for (int t = 0; t <= 6; t++) {
         float d = (xmax - xmin) / ((float)umax - 0.5f + 0.25f * (float)t), m = xmin;
-        if (t == 8) m = xmin + 0.5f * (xmax - xmin) / (float)umax, d = (xmax - xmin) / (float)umax; /* centred */
+        if (t == 6) m = xmin + 0.5f * (xmax - xmin) / (float)umax, d = (xmax - xmin) / (float)umax; /* centred */
         for (int it = 0; it < 2; it++) {
             const float id = 1.0f / d;
-            double sw = 0, su = 0, suu = 0, sx = 0, sux = 0;
+            float su = 0, suu = 0, sux = 0;
             for (int i = 0; i < nv; i++) {
-                const float u = (float)qround((x[i] - m) * id, 0, umax);
-                sw += w[i];
-                su += (double)(w[i] * u);
-                suu += (double)(w[i] * u * u);
-                sx += (double)(w[i] * x[i]);
-                sux += (double)(w[i] * u * x[i]);
+                const float u = qrf((x[i] - m) * id, 0.0f, (float)umax);
+                su += w[i] * u;
+                suu += w[i] * u * u;
+                sux += w[i] * u * x[i];
             }
-            const double det = sw * suu - su * su;
+            /* the 2 x 2 normal equations, solved in double */
+            const double det = (double)sw * suu - (double)su * su;
             if (!(det > 0)) break;
-            const double nd = (sw * sux - su * sx) / det, nm = (suu * sx - su * sux) / det;
+            const double nd = ((double)sw * sux - (double)su * sx) / det, nm = ((double)suu * sx - (double)su * sux) / det;
             if (!(nd > 0)) break;
             d = (float)nd;
             m = (float)nm;
         }
         const float d16 = sp_fp16_to_fp32(sp_fp32_to_fp16(d)), m16 = sp_fp16_to_fp32(sp_fp32_to_fp16(m));
         if (!(d16 > 0) || !isfinite(d16) || !isfinite(m16)) continue;
-        const double e = asym_err(x, w, nv, d16, m16, umax);
+        const float e = asym_err(x, w, nv, d16, m16, umax);
         if (e < best) {
             best = e;
             bd = d16;
