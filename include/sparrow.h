@@ -322,6 +322,16 @@ struct sp_quantize_tensor_report {
 /* Return true to go on, false to cancel (nothing is written then). */
 typedef bool (*sp_quantize_tensor_fn)(const struct sp_quantize_tensor_report *r, void *user);
 
+/* What calibration does beyond weighting each channel's error by its mean
+ * squared activation (always on with a calibration text). */
+enum sp_calib_method {
+    SP_CALIB_SCALE = 1u << 0, /* activation-aware channel scaling, folded into the
+                                 producing operation (the model's function is kept) */
+    SP_CALIB_GPTQ = 1u << 1,  /* rounding with error feedback over the input
+                                 covariance (small models: the covariances must fit
+                                 256 MiB) */
+};
+
 struct sp_quantize_params {
     const char *input;        /* GGUF (F32/F16/BF16/Q8_0 tensors) or llama2.c .bin */
     const char *tokenizer_path; /* llama2.c input: its tokenizer.bin (NULL = beside it) */
@@ -331,6 +341,7 @@ struct sp_quantize_params {
     const char *calib_path;   /* a text to calibrate on; NULL = none */
     int32_t calib_chunks;     /* at most this many chunks of the text (0 = 16) */
     int32_t calib_ctx;        /* tokens per chunk (0 = 128, capped at the model's context) */
+    unsigned calib_skip;      /* SP_CALIB_* methods not to use (0 = use all) */
     float prune_ffn;          /* fraction of FFN neurons dropped per layer, [0, 1) */
     int32_t prune_heads;      /* attention heads dropped per layer, >= 0; with
                                  grouped-query attention a multiple of the group
@@ -349,6 +360,8 @@ struct sp_quantize_result {
     uint64_t file_size;
     bool native;              /* uses Sparrow's own types (sparrow.requires is set) */
     int32_t calib_tokens;     /* tokens the calibration ran (0 = none) */
+    int32_t n_scaled;         /* inputs whose channels calibration rescaled */
+    int32_t n_gptq;           /* tensors rounded with error feedback */
     int32_t n_ff, n_heads, n_kv_heads; /* of the output, after pruning */
     double seconds;           /* wall time of the whole call */
 };

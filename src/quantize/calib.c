@@ -17,24 +17,113 @@
 #include "model/ops.h"
 
 #define CALIB_TEXT_MAX ((uint64_t)64 << 20)
+#define CALIB_SAMPLES 128                          /* input rows kept per distinct input */
+#define CALIB_SAMPLE_BUDGET ((uint64_t)512 << 20)  /* bytes of them, all inputs together */
 
 struct observer {
     const struct sp_model_file *mf;
     struct sp_calib *c;
 };
 
-/* sp_fwd_observe_fn: accumulate x^2 per input channel of t. */
+/* sp_fwd_observe_fn: accumulate x^2 per input channel of t; when t owns
+ * its input's extra statistics, x x^T (lower triangle) and every
+ * sample_stride-th row as a sample. */
 static void observe(void *ctx, const struct sp_tensor_desc *t, const float *x, int64_t x_ld, uint32_t n_tok) {
     struct observer *o = ctx;
+    struct sp_calib *c = o->c;
     const ptrdiff_t i = t - o->mf->tensors;
-    if (i < 0 || (uint32_t)i >= o->c->n_tensors || !o->c->sumsq[i]) return;
-    double *s = o->c->sumsq[i];
+    if (i < 0 || (uint32_t)i >= c->n_tensors || !c->sumsq[i]) return;
+    double *s = c->sumsq[i], *cov = c->cov ? c->cov[i] : NULL;
+    float *smp = c->sample ? c->sample[i] : NULL;
     const int64_t n = t->ne[0];
     for (uint32_t r = 0; r < n_tok; r++) {
         const float *xr = x + (size_t)r * (size_t)x_ld;
         for (int64_t k = 0; k < n; k++) s[k] += (double)xr[k] * xr[k];
+        for (int64_t a = 0; cov && a < n; a++) {
+            const double xa = xr[a];
+            double *row = cov + (size_t)(a * n);
+            for (int64_t b = 0; b <= a; b++) row[b] += xa * xr[b];
+        }
+        if (smp && (c->count[i] + r) % (uint64_t)c->sample_stride == 0 && c->n_sample[i] < c->sample_cap) {
+            memcpy(smp + (size_t)c->n_sample[i]++ * (size_t)n, xr, (size_t)n * sizeof(float));
+        }
     }
-    o->c->count[i] += n_tok;
+    c->count[i] += n_tok;
+}
+
+/* The tensors that own their input's extra statistics: one per distinct
+ * input of a product (attn_k/v read attn_q's input, ffn_up ffn_gate's). */
+static int owners_of(const struct sp_model *m, uint32_t il, const struct sp_tensor_desc **own) {
+    if (il == m->mf->hp.n_layers) {
+        own[0] = m->output;
+        return 1;
+    }
+    const struct sp_layer_weights *L = &m->layers[il];
+    own[0] = L->wq, own[1] = L->wo, own[2] = L->ffn_gate, own[3] = L->ffn_down;
+    return 4;
+}
+
+/* Covariances and samples for the owners, each kind if all of it fits its
+ * budget (all or nothing, so that every layer is treated alike). */
+static sp_status extra_alloc(const struct sp_model *m, struct sp_calib *c, uint64_t cov_budget, int32_t n_tokens) {
+    const struct sp_model_file *mf = m->mf;
+    const struct sp_tensor_desc *own[4];
+    if (!(c->cov_of = sp_malloc(mf->n_tensors * sizeof(int32_t)))) {
+        return sp_err(SP_E_NOMEM, "sp_calib_run: out of memory");
+    }
+    for (uint32_t i = 0; i < mf->n_tensors; i++) c->cov_of[i] = -1;
+    if (mf->hp.n_experts > 0) return SP_OK; /* expert inputs are routed: not modelled */
+#define IDX(t) ((int32_t)((t) - mf->tensors))
+    uint64_t cov_bytes = 0, smp_bytes = 0;
+    for (uint32_t il = 0; il <= mf->hp.n_layers; il++) {
+        const int n_own = owners_of(m, il, own);
+        for (int k = 0; k < n_own; k++) {
+            const uint64_t w = (uint64_t)own[k]->ne[0];
+            cov_bytes += w * w * sizeof(double);
+            smp_bytes += w * CALIB_SAMPLES * sizeof(float);
+            c->cov_of[IDX(own[k])] = IDX(own[k]);
+        }
+        if (il < mf->hp.n_layers) {
+            const struct sp_layer_weights *L = &m->layers[il];
+            c->cov_of[IDX(L->wk)] = c->cov_of[IDX(L->wv)] = IDX(L->wq);
+            c->cov_of[IDX(L->ffn_up)] = IDX(L->ffn_gate);
+        }
+    }
+    const bool want_cov = cov_budget && cov_bytes <= cov_budget, want_smp = smp_bytes <= CALIB_SAMPLE_BUDGET;
+    if (!want_cov) {
+        SP_LOG_I("sp_calib_run: input covariances need %llu bytes: per-channel statistics only",
+                 (unsigned long long)cov_bytes);
+    }
+    c->sample_cap = CALIB_SAMPLES;
+    c->sample_stride = SP_MAX(1, n_tokens / CALIB_SAMPLES);
+    if ((want_cov && !(c->cov = sp_calloc(mf->n_tensors, sizeof(*c->cov)))) ||
+        (want_smp && (!(c->sample = sp_calloc(mf->n_tensors, sizeof(*c->sample))) ||
+                      !(c->n_sample = sp_calloc(mf->n_tensors, sizeof(*c->n_sample)))))) {
+        return sp_err(SP_E_NOMEM, "sp_calib_run: out of memory");
+    }
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        if (c->cov_of[i] != (int32_t)i) continue;
+        const size_t w = (size_t)mf->tensors[i].ne[0];
+        if ((want_cov && !(c->cov[i] = sp_calloc(w * w, sizeof(double)))) ||
+            (want_smp && !(c->sample[i] = sp_malloc(w * CALIB_SAMPLES * sizeof(float))))) {
+            return sp_err(SP_E_NOMEM, "sp_calib_run: out of memory for activation statistics");
+        }
+    }
+#undef IDX
+    return SP_OK;
+}
+
+/* The covariance of tensor i's input, the lower triangle mirrored. */
+const double *sp_calib_cov(const struct sp_calib *c, uint32_t i) {
+    if (!c || !c->cov || i >= c->n_tensors || c->cov_of[i] < 0) return NULL;
+    return c->cov[c->cov_of[i]];
+}
+
+const float *sp_calib_samples(const struct sp_calib *c, uint32_t i, int32_t *n) {
+    *n = 0;
+    if (!c || !c->sample || i >= c->n_tensors || c->cov_of[i] < 0 || !c->sample[c->cov_of[i]]) return NULL;
+    *n = c->n_sample[c->cov_of[i]];
+    return c->sample[c->cov_of[i]];
 }
 
 void sp_calib_free(struct sp_calib *c) {
@@ -43,6 +132,12 @@ void sp_calib_free(struct sp_calib *c) {
     sp_free(c->sumsq);
     sp_free(c->count);
     sp_free(c->width);
+    for (uint32_t i = 0; c->cov && i < c->n_tensors; i++) sp_free(c->cov[i]);
+    for (uint32_t i = 0; c->sample && i < c->n_tensors; i++) sp_free(c->sample[i]);
+    sp_free(c->cov);
+    sp_free(c->cov_of);
+    sp_free(c->sample);
+    sp_free(c->n_sample);
     sp_free(c);
 }
 
@@ -123,7 +218,7 @@ static sp_status observe_output(struct sp_model *m, struct sp_fwd *f, uint32_t n
 
 /* Run m on the text at path; see quantize.h. */
 sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, int32_t ctx, int n_threads,
-                       struct sp_calib **out) {
+                       uint64_t cov_budget, struct sp_calib **out) {
     *out = NULL;
     const struct sp_hparams *hp = &m->mf->hp;
     struct sp_calib *c = NULL;
@@ -142,7 +237,7 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
     if (n_toks < ctx) ctx = n_toks;
     const int32_t avail = n_toks / ctx;
     if (n_chunks > avail) n_chunks = avail;
-    if ((rc = calib_alloc(m->mf, &c))) goto done;
+    if ((rc = calib_alloc(m->mf, &c)) || (rc = extra_alloc(m, c, cov_budget, n_chunks * ctx))) goto done;
     if ((rc = sp_kv_init(hp->n_layers, (uint32_t)ctx, hp->n_kv_heads * hp->head_dim_k, hp->n_kv_heads * hp->head_dim_v,
                          SP_KV_F32, &kv)) ||
         (rc = sp_fwd_init(m, (uint32_t)ctx, (uint32_t)ctx, n_threads, &f))) {
@@ -166,6 +261,10 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
         if (c->count[i] == 0) {
             sp_free(c->sumsq[i]);
             c->sumsq[i] = NULL;
+        }
+        double *cov = c->cov ? c->cov[i] : NULL;
+        for (int64_t a = 0; cov && a < c->width[i]; a++) { /* mirror the lower triangle */
+            for (int64_t b = 0; b < a; b++) cov[b * c->width[i] + a] = cov[a * c->width[i] + b];
         }
     }
     *out = c;

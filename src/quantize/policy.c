@@ -27,7 +27,9 @@
  * Native names are i<bits>[a]_b<block>[_e8] (src/quant/native.h).  Blocks of
  * 64 keep the padding of narrow rows small (stories260K's FFN is 172 wide:
  * three 64-blocks, against two 128-blocks) while the scale costs 0.25 bit
- * per weight. */
+ * per weight.  The bits per weight quoted are Llama-7B's (Llama-3-8B's are
+ * within 0.2); small models pay more for their F32 norms and padded rows
+ * (docs/QUANT.md). */
 
 struct named_policy {
     const char *name;
@@ -36,7 +38,7 @@ struct named_policy {
 };
 
 static const struct named_policy named[] = {
-    {"mem4", "~4 bpw: attention 4-bit, FFN gate/up 3-bit, FFN down 4-bit, output head 6-bit (FP16 scales)",
+    {"mem4", "~3.9 bpw: FFN gate/up 3-bit, other matrices 4-bit, output head 6-bit",
      "# mem4: precision where the model is sensitive\n"
      "output.weight        i6_b64\n"
      "token_embd.weight    i4_b64\n"
@@ -49,7 +51,7 @@ static const struct named_policy named[] = {
      "*.ffn_up*            i3_b64\n"
      "*.ffn_down*          i4_b64\n"
      "*                    i4_b64\n"},
-    {"mem4x", "mem4 with exponent-only (E8M0) block scales: 1 byte per block instead of 2",
+    {"mem4x", "~3.7 bpw: mem4 with exponent-only (E8M0) block scales",
      "# mem4x: mem4 with power-of-two block scales\n"
      "output.weight        i6_b64_e8\n"
      "token_embd.weight    i4_b64_e8\n"
@@ -62,13 +64,24 @@ static const struct named_policy named[] = {
      "*.ffn_up*            i3_b64_e8\n"
      "*.ffn_down*          i4_b64_e8\n"
      "*                    i4_b64_e8\n"},
-    {"mem3", "~3.3 bpw: 3-bit everywhere but the output head (4-bit)",
+    {"mem3", "~3.3 bpw: 3-bit, output head 4-bit",
      "# mem3: 3-bit weights, 4-bit output head\n"
      "output.weight        i4_b64\n"
      "token_embd.weight    i3_b64\n"
      "*ffn_gate_inp*       F32\n"
      "*                    i3_b64\n"},
-    {"q8", "~8.5 bpw: INT8 everywhere (blocks of 32, FP16 scales)",
+    {"q4", "~4.5 bpw, quality first: 4-bit, attention K 6-bit",
+     "# q4: the most accurate mix found for <= 4.5 bpw (docs/QUANT.md)\n"
+     "token_embd.weight    i3_b64   # only looked up, one row per token\n"
+     "output.weight        i4a_b64\n"
+     "*ffn_gate_inp*       F32\n"
+     "*.attn_k.weight      i6_b64   # the most sensitive per weight, and small with GQA\n"
+     "*.attn_q.weight      i4a_b64\n"
+     "*.attn_v.weight      i4a_b64\n"
+     "*.attn_output.weight i4_b32\n"
+     "*.ffn_down*          i4_b32\n"
+     "*                    i4_b64\n"},
+    {"q8", "~8.5 bpw: INT8 everywhere",
      "# q8: 8-bit weights everywhere\n"
      "*ffn_gate_inp*       F32\n"
      "*                    i8_b32\n"},

@@ -159,7 +159,9 @@ static sp_status expand_heads(const struct sp_hparams *hp, const uint32_t *heads
     L->o_cols = sp_malloc((size_t)n_heads * hdv * sizeof(uint32_t));
     L->k_rows = sp_malloc((size_t)n_groups * hdk * sizeof(uint32_t));
     L->v_rows = sp_malloc((size_t)n_groups * hdv * sizeof(uint32_t));
-    if (!L->q_rows || !L->o_cols || !L->k_rows || !L->v_rows) return sp_err(SP_E_NOMEM, "sp_prune_plan_build: out of memory");
+    if (!L->q_rows || !L->o_cols || !L->k_rows || !L->v_rows) {
+        return sp_err(SP_E_NOMEM, "sp_prune_plan_build: out of memory");
+    }
     for (uint32_t i = 0; i < n_heads; i++) {
         for (uint32_t k = 0; k < hdk; k++) L->q_rows[i * hdk + k] = heads[i] * hdk + k;
         for (uint32_t k = 0; k < hdv; k++) L->o_cols[i * hdv + k] = heads[i] * hdv + k;
@@ -216,7 +218,9 @@ sp_status sp_prune_plan_build(struct sp_model *m, const struct sp_calib *c, floa
         return sp_err(SP_E_INVALID, "sp_quantize: --prune-heads %d: the model has %u heads per layer and must keep "
                       "at least one", (int)n_heads, hp->n_heads);
     }
-    if (hp->n_experts > 0) return sp_err(SP_E_UNSUPPORTED, "sp_quantize: pruning Mixture-of-Experts models is not supported");
+    if (hp->n_experts > 0) {
+        return sp_err(SP_E_UNSUPPORTED, "sp_quantize: pruning Mixture-of-Experts models is not supported");
+    }
     const uint32_t H = hp->n_heads, G = hp->n_kv_heads, rep = H / G, N = (uint32_t)n_heads;
     if (N % rep != 0) {
         return sp_err(SP_E_INVALID, "sp_quantize: --prune-heads %u cannot be expressed: the %u query heads share %u KV "

@@ -4,10 +4,12 @@
  *   load the input (GGUF F32/F16/BF16/Q8_0 or llama2.c) through the model
  *   loader, weights memory-mapped -> policy (policy.c) -> optional
  *   calibration on a text (calib.c) -> optional pruning plan (prune.c) ->
- *   per tensor: type, output shape, importance -> GGUF writer: metadata and
- *   directory, then tensor data streamed in slabs of rows (dequantize through
- *   the pager, cut, quantize on the thread pool, measure the error) ->
- *   rename into place -> reopen the output and measure bits per weight.
+ *   per tensor: type, output shape -> channel scaling (scale.c) ->
+ *   importance -> GGUF writer: metadata and directory, then tensor data
+ *   streamed in slabs of rows (dequantize through the pager, cut, scale,
+ *   quantize on the thread pool -- with error feedback, gptq.c, where the
+ *   input covariance is known -- and measure the error) -> rename into place
+ *   -> reopen the output and measure bits per weight.
  *
  * Invariants:
  *  1. Nothing appears at the output path unless the whole file was written
@@ -33,6 +35,7 @@
 #define QUANT_DEFAULT_POLICY "mem4"
 #define QUANT_DEFAULT_CHUNKS 16
 #define QUANT_DEFAULT_CTX 128
+#define QUANT_COV_BUDGET ((uint64_t)256 << 20) /* input covariances for GPTQ rounding */
 
 struct sp_quantize_params sp_quantize_default_params(void) {
     return (struct sp_quantize_params){.policy = NULL, .calib_chunks = 0, .calib_ctx = 0, .prune_ffn = 0.0f,
@@ -88,10 +91,12 @@ struct job {
     struct sp_qpolicy *policy;
     struct sp_calib *calib;
     struct sp_prune_plan *prune;
+    struct sp_scale_plan *scale;
     struct qtensor *q;      /* (n) */
     uint32_t n;
     bool native, ggml_quant;
     uint64_t n_params, bytes;
+    int32_t n_gptq;         /* tensors rounded with error feedback */
 };
 
 /* Element size rules: native types pad a row's last block; ggml types need
@@ -135,7 +140,6 @@ static sp_status plan_tensors(struct job *J) {
     J->q = sp_calloc(mf->n_tensors, sizeof(*J->q));
     if (!J->q) return sp_err(SP_E_NOMEM, "sp_quantize: out of memory");
     J->n = mf->n_tensors;
-    float *imp = NULL;
     sp_status rc = SP_OK;
     for (uint32_t i = 0; i < mf->n_tensors && !rc; i++) {
         struct qtensor *q = &J->q[i];
@@ -155,10 +159,29 @@ static sp_status plan_tensors(struct job *J) {
                          q->type != SP_QTYPE_BF16;
         J->n_params += (uint64_t)(q->rows * q->ne[0]);
         J->bytes += (uint64_t)q->rows * q->row_bytes;
-        /* importance of the input channels that remain after the cut */
-        if (q->type == SP_QTYPE_F32 || !J->calib) continue;
+    }
+    return rc;
+}
+
+/* Multipliers of tensor i's source columns / rows (scale.c), or NULL. */
+static const float *col_mul(const struct job *J, uint32_t i) {
+    return J->scale ? J->scale->col[i] : NULL;
+}
+
+static const float *row_mul(const struct job *J, uint32_t i) {
+    return J->scale ? J->scale->row[i] : NULL;
+}
+
+/* Importance of each quantized tensor's input channels that remain after
+ * the cut, divided by the square of their scaling. */
+static sp_status plan_importance(struct job *J) {
+    float *imp = NULL;
+    sp_status rc = SP_OK;
+    for (uint32_t i = 0; i < J->n && J->calib; i++) {
+        struct qtensor *q = &J->q[i];
+        if (q->type == SP_QTYPE_F32) continue;
         sp_free(imp);
-        if (!(imp = sp_malloc((size_t)t->ne[0] * sizeof(float)))) {
+        if (!(imp = sp_malloc((size_t)q->src->ne[0] * sizeof(float)))) {
             rc = sp_err(SP_E_NOMEM, "sp_quantize: out of memory");
             break;
         }
@@ -167,7 +190,11 @@ static sp_status plan_tensors(struct job *J) {
             rc = sp_err(SP_E_NOMEM, "sp_quantize: out of memory");
             break;
         }
-        for (int64_t k = 0; k < q->ne[0]; k++) q->imp[k] = imp[q->cut.cols ? q->cut.cols[k] : (uint32_t)k];
+        const float *cm = col_mul(J, i);
+        for (int64_t k = 0; k < q->ne[0]; k++) {
+            const uint32_t c = q->cut.cols ? q->cut.cols[k] : (uint32_t)k;
+            q->imp[k] = cm ? imp[c] / (cm[c] * cm[c]) : imp[c];
+        }
     }
     sp_free(imp);
     return rc;
@@ -288,12 +315,15 @@ static sp_status write_meta(struct sp_gguf_writer *w, const struct job *J) {
 
 struct err_acc {
     double se, s2, wse, ws2; /* sum (w-q)^2, sum w^2, and the same weighted by imp */
+    int64_t regrid;          /* GPTQ blocks re-encoded off their grid */
     sp_status rc;
-    char pad[24];            /* keep threads' accumulators on separate cache lines */
+    char pad[16];            /* keep threads' accumulators on separate cache lines */
 };
 
 struct slab {
     const struct qtensor *q;
+    const struct sp_gptq *gptq; /* error-feedback rounding, or NULL */
+    float **work;            /* (n_threads) GPTQ scratch: 3 padded rows + a block */
     const float *src;        /* (n_rows, ne[0]) */
     uint8_t *dst;            /* (n_rows, row_bytes) */
     int64_t n_rows;
@@ -314,17 +344,22 @@ static void slab_task(void *arg, int ith, int nth) {
     const int64_t a = s->n_rows * ith / nth, b = s->n_rows * (ith + 1) / nth, n = q->ne[0];
     struct err_acc *acc = &s->acc[ith];
     if (a >= b) return;
-    sp_status rc = sp_quantize_rows(q->type, s->src + (size_t)(a * n), b - a, n, q->imp, s->dst + (size_t)a * q->row_bytes);
-    if (rc) {
-        acc->rc = rc;
-        return;
-    }
     const sp_to_float_fn to_float = sp_qtraits_get(q->type)->to_float;
     float *d = s->deq[ith];
     const int64_t np = padded_width(q->type, n);
-    for (int64_t r = a; r < b; r++) {
-        to_float(s->dst + (size_t)r * q->row_bytes, d, np);
+    sp_status rc = SP_OK;
+    if (!s->gptq) {
+        rc = sp_quantize_rows(q->type, s->src + (size_t)(a * n), b - a, n, q->imp, s->dst + (size_t)a * q->row_bytes);
+    }
+    for (int64_t r = a; r < b && !rc; r++) {
         const float *w = s->src + (size_t)(r * n);
+        uint8_t *out = s->dst + (size_t)r * q->row_bytes;
+        if (s->gptq) { /* d ends up holding the row's values */
+            memcpy(d, w, (size_t)n * sizeof(float));
+            rc = sp_gptq_rows(s->gptq, q->type, d, 1, q->imp, out, s->work[ith], &acc->regrid);
+        } else {
+            to_float(out, d, np);
+        }
         for (int64_t k = 0; k < n; k++) {
             const double e = (double)w[k] - d[k], w2 = (double)w[k] * w[k];
             acc->se += e * e;
@@ -335,21 +370,25 @@ static void slab_task(void *arg, int ith, int nth) {
             }
         }
     }
+    acc->rc = rc;
 }
 
-/* Source rows [r0, r0 + n) of the output tensor (after the cut) into dst. */
-static sp_status gather_rows(struct sp_model *m, const struct qtensor *q, int64_t r0, int64_t n, float *dst, float *row) {
+/* Source rows [r0, r0 + n) of the output tensor (after the cut, with the
+ * scaling's multipliers) into dst. */
+static sp_status gather_rows(const struct job *J, uint32_t i, int64_t r0, int64_t n, float *dst, float *row) {
+    const struct qtensor *q = &J->q[i];
     const struct sp_tensor_desc *t = q->src;
-    if (!q->cut.rows && !q->cut.cols) return sp_qread_rows(m, t, r0, n, dst);
+    const float *cm = col_mul(J, i), *rm = row_mul(J, i);
+    if (!q->cut.rows && !q->cut.cols && !cm && !rm) return sp_qread_rows(J->m, t, r0, n, dst);
     for (int64_t r = 0; r < n; r++) {
         const int64_t sr = q->cut.rows ? q->cut.rows[r0 + r] : r0 + r;
-        sp_status rc = sp_qread_rows(m, t, sr, 1, row);
+        sp_status rc = sp_qread_rows(J->m, t, sr, 1, row);
         if (rc) return rc;
+        const float f = rm ? rm[sr] : 1.0f;
         float *o = dst + (size_t)(r * q->ne[0]);
-        if (q->cut.cols) {
-            for (int64_t k = 0; k < q->ne[0]; k++) o[k] = row[q->cut.cols[k]];
-        } else {
-            memcpy(o, row, (size_t)q->ne[0] * sizeof(float));
+        for (int64_t k = 0; k < q->ne[0]; k++) {
+            const uint32_t c = q->cut.cols ? q->cut.cols[k] : (uint32_t)k;
+            o[k] = row[c] * f * (cm ? cm[c] : 1.0f);
         }
     }
     return SP_OK;
@@ -358,7 +397,7 @@ static sp_status gather_rows(struct sp_model *m, const struct qtensor *q, int64_
 struct buffers {
     float *src, *row;
     uint8_t *dst;
-    float **deq;
+    float **deq, **work;
     struct err_acc *acc;
     int nth;
 };
@@ -368,7 +407,9 @@ static void buffers_free(struct buffers *b) {
     sp_free(b->row);
     sp_free(b->dst);
     for (int i = 0; b->deq && i < b->nth; i++) sp_free(b->deq[i]);
+    for (int i = 0; b->work && i < b->nth; i++) sp_free(b->work[i]);
     sp_free(b->deq);
+    sp_free(b->work);
     sp_free(b->acc);
 }
 
@@ -392,10 +433,12 @@ static sp_status buffers_alloc(const struct job *J, int nth, struct buffers *b) 
     b->row = sp_malloc((size_t)max_src * sizeof(float));
     b->dst = sp_malloc(max_dst);
     b->deq = sp_calloc((size_t)nth, sizeof(*b->deq));
+    b->work = sp_calloc((size_t)nth, sizeof(*b->work));
     b->acc = sp_calloc((size_t)nth, sizeof(*b->acc));
-    if (!b->src || !b->row || !b->dst || !b->deq || !b->acc) goto nomem;
+    if (!b->src || !b->row || !b->dst || !b->deq || !b->work || !b->acc) goto nomem;
     for (int i = 0; i < nth; i++) {
         if (!(b->deq[i] = sp_malloc((size_t)max_pad * sizeof(float)))) goto nomem;
+        if (!(b->work[i] = sp_malloc((size_t)(3 * max_pad + 128) * sizeof(float)))) goto nomem;
     }
     return SP_OK;
 nomem:
@@ -403,26 +446,50 @@ nomem:
     return sp_err(SP_E_NOMEM, "sp_quantize: out of memory for the slab buffers");
 }
 
+/* The error-feedback factor for tensor i when calibration collected its
+ * input covariance and its type is native; else *out = NULL. */
+static sp_status tensor_gptq(const struct job *J, uint32_t i, struct sp_gptq **out) {
+    const struct qtensor *q = &J->q[i];
+    *out = NULL;
+    const double *h = sp_calib_cov(J->calib, i);
+    if (!h || !sp_qtype_is_native(q->type)) return SP_OK;
+    return sp_gptq_init(h, q->src->ne[0], col_mul(J, i), q->cut.cols, q->ne[0], sp_qtraits_get(q->type)->block_elems,
+                        out);
+}
+
 /* Quantize and write tensor i; report it.  SP_E_STATE when cancelled. */
 static sp_status write_tensor(struct job *J, uint32_t i, struct sp_gguf_writer *w, struct sp_pool *pool,
                               struct buffers *b) {
-    const struct qtensor *q = &J->q[i];
+    struct qtensor *q = &J->q[i];
     const int64_t per = SP_MAX((int64_t)1, (int64_t)(QUANT_SLAB_BYTES / sizeof(float)) / q->ne[0]);
     memset(b->acc, 0, (size_t)b->nth * sizeof(*b->acc));
-    sp_status rc;
-    for (int64_t r0 = 0; r0 < q->rows; r0 += per) {
+    struct sp_gptq *g = NULL;
+    sp_status rc = tensor_gptq(J, i, &g);
+    for (int64_t r0 = 0; !rc && r0 < q->rows; r0 += per) {
         const int64_t nr = SP_MIN(per, q->rows - r0);
-        if ((rc = gather_rows(J->m, q, r0, nr, b->src, b->row))) return rc;
-        struct slab s = {.q = q, .src = b->src, .dst = b->dst, .n_rows = nr, .deq = b->deq, .acc = b->acc};
+        if ((rc = gather_rows(J, i, r0, nr, b->src, b->row))) break;
+        struct slab s = {.q = q, .gptq = g, .work = b->work, .src = b->src, .dst = b->dst, .n_rows = nr,
+                         .deq = b->deq, .acc = b->acc};
         sp_pool_run(pool, slab_task, &s);
-        for (int k = 0; k < b->nth; k++) {
-            if (b->acc[k].rc) return b->acc[k].rc;
-        }
-        if ((rc = sp_gguf_writer_write(w, b->dst, (size_t)nr * q->row_bytes))) return rc;
+        for (int k = 0; k < b->nth && !rc; k++) rc = b->acc[k].rc;
+        if (!rc) rc = sp_gguf_writer_write(w, b->dst, (size_t)nr * q->row_bytes);
     }
+    const bool fed_back = g != NULL;
+    J->n_gptq += fed_back;
+    sp_gptq_free(g);
+    if (rc) return rc;
     struct err_acc tot = {0};
     for (int k = 0; k < b->nth; k++) {
         tot.se += b->acc[k].se, tot.s2 += b->acc[k].s2, tot.wse += b->acc[k].wse, tot.ws2 += b->acc[k].ws2;
+        tot.regrid += b->acc[k].regrid;
+    }
+    if (fed_back) {
+        const size_t used = strlen(q->note);
+        snprintf(q->note + used, sizeof q->note - used, "%serror feedback", used ? "; " : "");
+        if (tot.regrid) {
+            const size_t u2 = strlen(q->note);
+            snprintf(q->note + u2, sizeof q->note - u2, " (%lld blocks off grid)", (long long)tot.regrid);
+        }
     }
     if (!J->P->on_tensor) return SP_OK;
     struct sp_quantize_tensor_report rep = {
@@ -509,13 +576,26 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
     if (P->calib_path) {
         const int32_t chunks = P->calib_chunks ? P->calib_chunks : QUANT_DEFAULT_CHUNKS;
         const int32_t ctx = P->calib_ctx ? P->calib_ctx : QUANT_DEFAULT_CTX;
-        if ((rc = sp_calib_run(J.m, P->calib_path, chunks, ctx, nth, &J.calib))) goto done;
+        const uint64_t budget = (P->calib_skip & SP_CALIB_GPTQ) ? 0 : QUANT_COV_BUDGET;
+        if ((rc = sp_calib_run(J.m, P->calib_path, chunks, ctx, nth, budget, &J.calib))) goto done;
     }
     if ((P->prune_ffn > 0.0f || P->prune_heads > 0) &&
         (rc = sp_prune_plan_build(J.m, J.calib, P->prune_ffn, P->prune_heads, &J.prune))) {
         goto done;
     }
     if ((rc = plan_tensors(&J))) goto done;
+    if (J.calib && !(P->calib_skip & SP_CALIB_SCALE)) {
+        uint32_t *types = sp_malloc(J.n * sizeof(uint32_t));
+        if (!types) {
+            rc = sp_err(SP_E_NOMEM, "sp_quantize: out of memory");
+            goto done;
+        }
+        for (uint32_t i = 0; i < J.n; i++) types[i] = J.q[i].type;
+        rc = sp_scale_plan_build(J.m, J.calib, types, &J.scale);
+        sp_free(types);
+        if (rc) goto done;
+    }
+    if ((rc = plan_importance(&J))) goto done;
 
     if ((rc = sp_gguf_writer_open(P->output, QUANT_ALIGNMENT, &w))) goto done;
     if ((rc = write_meta(w, &J))) goto done;
@@ -533,6 +613,8 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
     snprintf(res.policy, sizeof res.policy, "%s", J.policy->name);
     res.native = J.native;
     res.calib_tokens = J.calib ? J.calib->n_tokens : 0;
+    res.n_scaled = J.scale ? J.scale->n_scaled : 0;
+    res.n_gptq = J.n_gptq;
     if ((rc = measure_output(P->output, &res))) goto done;
     res.seconds = now_s() - t0;
     if (out) *out = res;
@@ -544,6 +626,7 @@ done:
     for (uint32_t i = 0; J.q && i < J.n; i++) sp_free(J.q[i].imp);
     sp_free(J.q);
     sp_prune_plan_free(J.prune);
+    sp_scale_plan_free(J.scale);
     sp_calib_free(J.calib);
     sp_model_free(J.m);
     sp_qpolicy_free(J.policy);

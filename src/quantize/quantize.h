@@ -68,16 +68,33 @@ struct sp_calib {
     double **sumsq;     /* (n_tensors) each (ne[0]) or NULL when no product reads it */
     uint64_t *count;    /* (n_tensors) token rows observed */
     int64_t *width;     /* (n_tensors) input channels (ne[0]) */
+    double **cov;       /* (n_tensors) (ne[0], ne[0]) sums of x x^T for the tensors
+                           that own one, else NULL (see cov_of) */
+    int32_t *cov_of;    /* (n_tensors) the tensor whose input (and covariance) this
+                           one shares -- itself for owners -- or -1 when none */
+    float **sample;     /* (n_tensors) owners: up to sample_cap input rows (ne[0]
+                           floats each), every sample_stride-th token; else NULL */
+    int32_t *n_sample;  /* (n_tensors) rows held */
+    int32_t sample_cap, sample_stride;
     int32_t n_tokens;   /* tokens run through the model */
     int32_t n_chunks;
 };
 
 /* Run model m on the text in path: tokenized once with BOS, cut into at most
  * n_chunks chunks of ctx tokens (the first of each replaced by BOS), each run
- * as one batch from an empty cache.  SP_E_IO, SP_E_INVALID (a text shorter
- * than 2 tokens), SP_E_NOMEM. */
+ * as one batch from an empty cache.  Input covariances (for gptq.c) are
+ * collected too when all of them fit cov_budget bytes (0: never), and a
+ * sample of input rows (for scale.c) when they fit 512 MiB; tensors that
+ * read the same input (attn_q/k/v, ffn_gate/up) share them.  SP_E_IO,
+ * SP_E_INVALID (a text shorter than 2 tokens), SP_E_NOMEM. */
 sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, int32_t ctx, int n_threads,
-                       struct sp_calib **out);
+                       uint64_t cov_budget, struct sp_calib **out);
+
+/* The covariance (width x width sums of x x^T) of tensor i's input, or NULL. */
+const double *sp_calib_cov(const struct sp_calib *c, uint32_t i);
+
+/* Sampled input rows of tensor i (*n of them, width floats each), or NULL. */
+const float *sp_calib_samples(const struct sp_calib *c, uint32_t i, int32_t *n);
 void sp_calib_free(struct sp_calib *c);
 
 /* Mean of x_i^2 per input channel of tensor i into imp (its ne[0] floats),
@@ -128,6 +145,57 @@ struct sp_prune_cut {
 };
 void sp_prune_cut_of(const struct sp_prune_plan *p, const struct sp_model *m, const struct sp_tensor_desc *t,
                      struct sp_prune_cut *out);
+
+/* ---- calibrated rounding with error feedback (gptq.c) ----------------------
+ * For tensors whose input covariance H = sum x x^T calibration collected:
+ * each row is quantized channel by channel and the rounding error is pushed
+ * onto the channels not yet quantized, minimising the error of the layer's
+ * output (w - q)^T H (w - q) instead of each weight's own. */
+
+struct sp_gptq;
+
+/* Factor H (n_full x n_full, row-major sums of x x^T), for weights whose
+ * columns were multiplied by col_mul (n_full, or NULL: the input is divided
+ * by it), restricted to the channels cols[0..n) (all when cols is NULL, then
+ * n == n_full), with 1% of its mean diagonal added (more if needed) for
+ * stability.  Within each block of the type (block channels), channels are
+ * processed in order of decreasing activation energy.  SP_E_NOMEM,
+ * SP_E_INVALID when no damping makes it positive definite. */
+sp_status sp_gptq_init(const double *h, int64_t n_full, const float *col_mul, const uint32_t *cols, int64_t n,
+                       int64_t block, struct sp_gptq **out);
+void sp_gptq_free(struct sp_gptq *g);
+
+/* Quantize n_rows rows of w (n floats each, n = the factor's size) into
+ * native type t at dst (n_rows * row_bytes): block scales from
+ * sp_quantize_rows with importance imp (or NULL), values rounded with error
+ * feedback.  w is overwritten with the values the rows now hold.  work:
+ * scratch of 3 n + 128 floats.  *n_regrid counts blocks whose re-encoding
+ * moved off the grid the feedback assumed (expected 0).  Thread-safe for
+ * disjoint rows and scratch. */
+sp_status sp_gptq_rows(const struct sp_gptq *g, uint32_t t, float *w, int64_t n_rows, const float *imp, void *dst,
+                       float *work, int64_t *n_regrid);
+
+/* ---- activation-aware channel scaling (scale.c) ----------------------------
+ * Per tensor, multipliers for its input channels (col, source ne[0]) and its
+ * rows (row, source ne[1]; for a 1-D tensor col holds its elements), NULL =
+ * all ones.  Applying them leaves the model's function unchanged: every
+ * column scale is divided out of the operation that produces the input. */
+
+struct sp_scale_plan {
+    uint32_t n_tensors;
+    float **col;        /* (n_tensors) */
+    float **row;        /* (n_tensors) */
+    int32_t n_scaled;   /* groups that got a scaling */
+    double alpha_sum;   /* sum of their exponents (reporting) */
+};
+
+/* Choose the scalings from calibration c for the planned tensor types
+ * (types[i] for tensor i of m's file).  Groups without statistics, with no
+ * quantized tensor, or whose best exponent is 0 stay unscaled.  MoE models
+ * get an empty plan.  SP_E_NOMEM, SP_E_IO. */
+sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, const uint32_t *types,
+                              struct sp_scale_plan **out);
+void sp_scale_plan_free(struct sp_scale_plan *p);
 
 /* ---- reading the input (quantize.c) ---------------------------------------- */
 

@@ -1106,6 +1106,9 @@ static void help_quantize(FILE *f) {
                "      --calib-chunks N    at most N chunks of the text (default: 16)\n"
                "      --calib-ctx N       tokens per chunk (default: 128, at most the model's\n"
                "                          context)\n"
+               "      --calib-skip LIST   calibration methods to leave out, comma-separated:\n"
+               "                          scale (activation-aware channel scaling), gptq\n"
+               "                          (rounding with error feedback; small models only)\n"
                "      --prune-ffn FRAC    drop this fraction of each layer's FFN neurons, the\n"
                "                          least important first, in [0, 1) (default: 0)\n"
                "      --prune-heads N     drop N attention heads per layer; with grouped-query\n"
@@ -1145,6 +1148,8 @@ static bool quantize_report(const struct sp_quantize_tensor_report *r, void *use
     return true;
 }
 
+#define SP_CLI_MIN(a, b) ((a) < (b) ? (a) : (b))
+
 static int cmd_quantize(int argc, char **argv) {
     struct argp a = {.cmd = "quantize", .argc = argc, .argv = argv};
     struct sp_quantize_params p = sp_quantize_default_params();
@@ -1166,6 +1171,17 @@ static int cmd_quantize(int argc, char **argv) {
             p.calib_chunks = (int32_t)parse_int(&a, opt_value(&a), 1, 1 << 20);
         } else if (opt_is(&a, NULL, "--calib-ctx")) {
             p.calib_ctx = (int32_t)parse_int(&a, opt_value(&a), 2, 1 << 20);
+        } else if (opt_is(&a, NULL, "--calib-skip")) {
+            const char *v = opt_value(&a);
+            char item[32];
+            for (const char *s = v; *s;) {
+                const size_t len = strcspn(s, ",");
+                snprintf(item, sizeof item, "%.*s", (int)SP_CLI_MIN(len, sizeof item - 1), s);
+                if (strcmp(item, "scale") == 0) p.calib_skip |= SP_CALIB_SCALE;
+                else if (strcmp(item, "gptq") == 0) p.calib_skip |= SP_CALIB_GPTQ;
+                else usage_error(a.cmd, "%s: unknown method '%s' (scale, gptq)", a.name, item);
+                s += len + (s[len] == ',');
+            }
         } else if (opt_is(&a, NULL, "--prune-ffn")) {
             const double v = parse_num(&a, opt_value(&a), 0.0, 1.0, 0);
             if (v >= 1.0) usage_error(a.cmd, "%s: expected a number in [0, 1), got '%s'", a.name, argv[a.i]);
@@ -1230,7 +1246,8 @@ static int cmd_quantize(int argc, char **argv) {
     printf("tensor_bytes  %" PRIu64 " (%s)\n", res.tensor_bytes, human_bytes(res.tensor_bytes, b1, sizeof b1));
     printf("file_size     %" PRIu64 " (%s)\n", res.file_size, human_bytes(res.file_size, b2, sizeof b2));
     printf("native_types  %s\n", res.native ? "yes (sparrow.requires = native-types-1)" : "no");
-    printf("calib_tokens  %d\n", (int)res.calib_tokens);
+    printf("calib_tokens  %d (channel scaling on %d inputs, error feedback on %d tensors)\n",
+           (int)res.calib_tokens, (int)res.n_scaled, (int)res.n_gptq);
     printf("n_ff          %d\n", (int)res.n_ff);
     printf("heads         %d (kv %d)\n", (int)res.n_heads, (int)res.n_kv_heads);
     printf("seconds       %.2f\n", res.seconds);
