@@ -4,8 +4,8 @@
  * blocks packed here from the written spec, quantize -> dequantize error
  * bounds per bit width, padded rows (n = 1, 33, 172, 200), E8M0 against FP16
  * scales, importance weighting, the reference dot product against a float
- * dot of the dequantized rows, the x8_b128 activations (padding, sums, SIMD
- * quantizer byte for byte), every SIMD vec_dot against the reference and
+ * dot of the dequantized rows, the x8_b128 activations (per-32 runs,
+ * padding, sums, SIMD quantizer byte for byte), every SIMD vec_dot against the reference and
  * every gemm against its vec_dot (bit for bit, no allocation), the model
  * ops (sp_act_convert + sp_matmul) on padded rows, sp_quantize_rows for
  * ggml types, and real weights: stories260K's F32 tensors quantized in
@@ -393,28 +393,30 @@ static void test_x8(void) {
     const struct sp_qtraits *xt = sp_qtraits_ref(SP_QTYPE_X8);
     static const int64_t sizes[] = {1, 33, 128, 172, 200, 4096};
     for (size_t si = 0; si < SP_ARRAY_LEN(sizes); si++) {
-        const int64_t n = sizes[si], nb = (n + 127) / 128;
+        const int64_t n = sizes[si], nr = (n + 127) / 128 * 4; /* runs: whole 128-blocks */
         float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
-        struct sp_block_x8 *b = malloc((size_t)nb * sizeof *b);
+        struct sp_x8_run *b = malloc((size_t)nr * sizeof *b + 64);
+        CHECK(sp_qtype_row_bytes(SP_QTYPE_X8, n) == (size_t)nr * sizeof *b);
         rng_seed(3 + (uint64_t)n);
         for (int64_t i = 0; i < n; i++) x[i] = rng_normal();
-        memset(b, 0x77, (size_t)nb * sizeof *b);
+        memset(b, 0x77, (size_t)nr * sizeof *b + 64);
         xt->from_float(x, b, n);
         xt->to_float(b, y, n);
         bool ok = true;
-        for (int64_t k = 0; k < nb; k++) {
-            int s[4] = {0};
-            for (int i = 0; i < 128; i++) {
-                ok &= k * 128 + i < n || b[k].qs[i] == 0; /* padding is zero */
+        for (int64_t k = 0; k < nr; k++) {
+            int s = 0;
+            float amax = 0;
+            for (int i = 0; i < 32; i++) {
+                ok &= k * 32 + i < n || b[k].qs[i] == 0; /* padding is zero */
                 ok &= b[k].qs[i] >= -127;
-                s[i / 32] += b[k].qs[i];
+                s += b[k].qs[i];
+                if (k * 32 + i < n) amax = fmaxf(amax, fabsf(x[k * 32 + i]));
             }
-            for (int j = 0; j < 4; j++) ok &= b[k].s32[j] == b[k].d * (float)s[j];
-            ok &= b[k].s64[0] == b[k].d * (float)(s[0] + s[1]) && b[k].s64[1] == b[k].d * (float)(s[2] + s[3]);
-            ok &= b[k].s128 == b[k].d * (float)(s[0] + s[1] + s[2] + s[3]);
+            ok &= b[k].s == b[k].d * (float)s && b[k].d == amax / 127.0f;
         }
-        for (int64_t i = 0; i < n; i++) ok &= fabsf(x[i] - y[i]) <= b[i / 128].d * 0.5f * 1.0001f;
-        CHECKF(ok, "x8_b128 n %lld: padding, sums or rounding off", (long long)n);
+        for (int i = 0; i < 64; i++) ok &= ((uint8_t *)(b + nr))[i] == 0x77;
+        for (int64_t i = 0; i < n; i++) ok &= fabsf(x[i] - y[i]) <= b[i / 32].d * 0.5f * 1.0001f;
+        CHECKF(ok, "x8_b128 n %lld: padding, sums, rounding, or a write past the row", (long long)n);
         free(x);
         free(y);
         free(b);
@@ -567,7 +569,7 @@ static void rand_act(float *x, int64_t n, int kind) {
     for (int64_t i = 0; i < n; i++) {
         switch (kind) {
         case 1: x[i] = (float)((int)(rng_u64() % 254) - 127) + 0.5f; break;
-        case 2: if ((i / 128) % 2 == 0) x[i] = 0; break;
+        case 2: if ((i / 32) % 2 == 0) x[i] = 0; break;
         case 3: x[i] *= 1e-38f; break;
         case 4: {
             const uint32_t u = (uint32_t)rng_u64();
@@ -581,7 +583,7 @@ static void rand_act(float *x, int64_t n, int kind) {
 
 static void test_simd_x8(const struct level *l) {
     const struct sp_qtraits *ref = sp_qtraits_ref(SP_QTYPE_X8), *got = lvl(l, SP_QTYPE_X8);
-    static const int64_t sizes[] = {1, 5, 127, 128, 129, 172, 200, 4096, 65536 + 77};
+    static const int64_t sizes[] = {1, 5, 31, 32, 33, 127, 172, 200, 4096, 65536 + 77};
     const int64_t nmax = 65536 + 77;
     float *x = malloc((size_t)nmax * sizeof *x);
     uint8_t *a = malloc((size_t)nmax * 2), *b = malloc((size_t)nmax * 2);

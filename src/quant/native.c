@@ -25,7 +25,7 @@
 #include <string.h>
 #include <strings.h>
 
-static_assert(sizeof(struct sp_block_x8) == 32 + SP_QK_X8, "x8_b128 block is 160 bytes");
+static_assert(sizeof(struct sp_x8_run) == 40 && sizeof(struct sp_block_x8) == 160, "x8_b128 block size");
 static_assert(SP_QTYPE_X8 < SP_QTYPE_NATIVE_FIRST + SP_QTYPE_NATIVE_COUNT, "x8 id in range");
 
 /* ========================================================================
@@ -132,37 +132,32 @@ static void native_to_float(const struct sp_native_layout *L, const void *restri
     }
 }
 
-/* Activation sub-block sum matching a weight block of L->block elements at
- * offset off (a multiple of the block) of activation block a. */
-static inline float x8_sum(const struct sp_block_x8 *a, int block, int off) {
-    return block == 32 ? a->s32[off / 32] : block == 64 ? a->s64[off / 64] : a->s128;
-}
-
-/* Per weight block b, in order: isum = exact int32 sum of q_w * q_x over the
- * block, then sum += (d_w * d_x) * isum (+ m_w * s_x for the asymmetric
- * kinds, s_x the activations' scaled sum over the block's elements). */
+/* Per weight block b, in order: for each of its 32-element runs j (one
+ * activation block each), sum += (d_w * d_x,j) * isum_j with isum_j the
+ * exact int32 sum of q_w * q_x over the run; then, asymmetric kinds only,
+ * sum += m_w * (s_x,0 + s_x,1 + ...) (the activation blocks' scaled sums,
+ * added in order). */
 static void native_vec_dot(const struct sp_native_layout *L, int64_t n, float *restrict s, const void *restrict w,
                            const void *restrict x) {
     const uint8_t *p = w;
-    const struct sp_block_x8 *xb = x;
+    const struct sp_x8_run *a = x; /* a row is a sequence of runs */
     const int B = L->block;
     float sum = 0;
     for (int64_t i0 = 0; i0 < n; i0 += B, p += L->bytes) {
-        const struct sp_block_x8 *a = &xb[i0 / SP_QK_X8];
-        const int off = (int)(i0 % SP_QK_X8);
-        int32_t isum = 0;
-        for (int i = 0; i < B; i++) isum += q_get(L, p + L->head, i) * a->qs[off + i];
         const float d = block_d(L, p);
-        if (L->asym) {
-            sum += (d * a->d) * (float)isum + block_m(L, p) * x8_sum(a, B, off);
-        } else {
+        float sx = 0;
+        for (int j = 0; j < B / SP_QR_X8; j++, a++) {
+            int32_t isum = 0;
+            for (int i = 0; i < SP_QR_X8; i++) isum += q_get(L, p + L->head, SP_QR_X8 * j + i) * a->qs[i];
             sum += (d * a->d) * (float)isum;
+            sx = j ? sx + a->s : a->s;
         }
+        if (L->asym) sum += block_m(L, p) * sx;
     }
     *s = sum;
 }
 
-/* ---- x8_b128 activations ----------------------------------------------- */
+/* ---- x8_b128 activations ------------------------------------------------ */
 
 /* Round to nearest, ties to even; +-2^30 saturation and NaN -> -2^30 keep the
  * clamps that follow defined on garbage input. */
@@ -171,14 +166,16 @@ static inline int round_even(float v) {
     return (int)rintf(v);
 }
 
-/* d = amax / 127, q = round_even(x * (127 / amax)) clamped to +-127 (NaN
- * gives -127), padded elements 0; then the scaled sums.  NaN is ignored by
- * amax; a block with amax below 2^-100 (zero, subnormal) is stored as zeros
- * (d = 0), so 127 / amax never overflows. */
+/* Per run of 32: d = amax / 127, q = round_even(x * (127 / amax)) clamped to
+ * +-127 (NaN gives -127), s = d * sum(q); elements past n are 0 up to the
+ * end of the last 128-block.  NaN is ignored by amax; a run with amax below
+ * 2^-100 (zero, subnormal) is stored as zeros (d = 0), so 127 / amax never
+ * overflows. */
 void sp_x8_from_float_ref(const float *restrict src, void *restrict dst, int64_t n) {
-    struct sp_block_x8 *y = dst;
-    for (int64_t i0 = 0; i0 < n; i0 += SP_QK_X8, y++) {
-        const int64_t nv = SP_MIN((int64_t)SP_QK_X8, n - i0);
+    struct sp_x8_run *y = dst;
+    const int64_t n_runs = (n + SP_QK_X8 - 1) / SP_QK_X8 * (SP_QK_X8 / SP_QR_X8);
+    for (int64_t r = 0; r < n_runs; r++, y++) {
+        const int64_t i0 = r * SP_QR_X8, nv = SP_MAX((int64_t)0, SP_MIN((int64_t)SP_QR_X8, n - i0));
         float amax = 0;
         for (int64_t i = 0; i < nv; i++) {
             const float a = fabsf(src[i0 + i]);
@@ -187,22 +184,19 @@ void sp_x8_from_float_ref(const float *restrict src, void *restrict dst, int64_t
         const bool zero = !(amax >= 0x1p-100f);
         const float id = zero ? 0.0f : 127.f / amax;
         y->d = zero ? 0.0f : amax / 127.f;
-        int sums[4] = {0, 0, 0, 0};
-        for (int i = 0; i < SP_QK_X8; i++) {
+        int sum = 0;
+        for (int i = 0; i < SP_QR_X8; i++) {
             const int q = i < nv && !zero ? round_even(src[i0 + i] * id) : 0;
             y->qs[i] = (int8_t)(q < -127 ? -127 : q > 127 ? 127 : q);
-            sums[i / 32] += y->qs[i];
+            sum += y->qs[i];
         }
-        for (int j = 0; j < 4; j++) y->s32[j] = y->d * (float)sums[j];
-        y->s64[0] = y->d * (float)(sums[0] + sums[1]);
-        y->s64[1] = y->d * (float)(sums[2] + sums[3]);
-        y->s128 = y->d * (float)(sums[0] + sums[1] + sums[2] + sums[3]);
+        y->s = y->d * (float)sum;
     }
 }
 
 static void x8_to_float(const void *restrict src, float *restrict dst, int64_t n) {
-    const struct sp_block_x8 *y = src;
-    for (int64_t i = 0; i < n; i++) dst[i] = y[i / SP_QK_X8].d * (float)y[i / SP_QK_X8].qs[i % SP_QK_X8];
+    const struct sp_x8_run *y = src;
+    for (int64_t i = 0; i < n; i++) dst[i] = y[i / SP_QR_X8].d * (float)y[i / SP_QR_X8].qs[i % SP_QR_X8];
 }
 
 /* ========================================================================

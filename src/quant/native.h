@@ -62,19 +62,24 @@ enum sp_native_kind {
 
 /* ---- the activation type ----------------------------------------------------
  * Every native weight type takes its activations as x8_b128: int8 values in
- * blocks of 128 with a float scale and the scaled sums of each aligned 32, 64
- * and 128 elements (the min / offset terms of the weight blocks inside it).
- * A row of n elements has ceil(n / 128) blocks; elements past n are 0.  Not a
- * storage type (files never hold it); it has no vec_dot. */
+ * runs of 32, each with its own float scale and scaled sum (the min / offset
+ * terms of the weight blocks), four runs to a 128-element block.  A weight
+ * block of 32, 64 or 128 meets 1, 2 or 4 runs.  A row of n elements has
+ * ceil(n / 128) blocks (so every weight block of a padded row has its runs);
+ * elements past n are 0.  Not a storage type (files never hold it); it has
+ * no vec_dot. */
 #define SP_QTYPE_X8 (SP_QTYPE_NATIVE_FIRST + 127u)
-#define SP_QK_X8 128
+#define SP_QK_X8 128 /* elements per block */
+#define SP_QR_X8 32  /* elements per run */
+
+struct sp_x8_run {
+    float d;             /* x = d * q */
+    float s;             /* d * sum(q) */
+    int8_t qs[SP_QR_X8]; /* round_even(x / d), |q| <= 127 */
+};
 
 struct sp_block_x8 {
-    float d;          /* x = d * q */
-    float s128;       /* d * sum(q[0..128)) */
-    float s64[2];     /* d * sum(q[64 j .. 64 j + 64)) */
-    float s32[4];     /* d * sum(q[32 j .. 32 j + 32)) */
-    int8_t qs[SP_QK_X8]; /* round_even(x / d), |q| <= 127 */
+    struct sp_x8_run r[SP_QK_X8 / SP_QR_X8];
 };
 
 /* The reference x8_b128 quantizer (from_float of SP_QTYPE_X8): SIMD

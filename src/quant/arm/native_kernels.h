@@ -59,22 +59,19 @@ ARM_INLINE int8x16_t armn_q(const int bits, const bool asym, const int B, const 
 }
 
 ARM_INLINE float armn_dot(const int bits, const bool asym, const bool e8, const int B, int64_t n, const uint8_t *w,
-                          const struct sp_block_x8 *x) {
+                          const struct sp_x8_run *a) {
     const int head = asym ? 4 : e8 ? 1 : 2, bytes = head + B * bits / 8;
     float sum = 0;
     for (int64_t i0 = 0; i0 < n; i0 += B, w += bytes) {
-        const struct sp_block_x8 *a = &x[i0 / SP_QK_X8];
-        const int off = (int)(i0 % SP_QK_X8);
-        int32x4_t acc = vdupq_n_s32(0);
-        for (int g = 0; g < B / 16; g++) acc = arm_dot16(acc, armn_q(bits, asym, B, w + head, g), vld1q_s8(a->qs + off + 16 * g));
-        const float isum = (float)vaddvq_s32(acc);
         const float d = e8 ? sp_e8m0_to_fp32(w[0]) : arm_h2f(w);
-        if (asym) {
-            const float sx = B == 32 ? a->s32[off / 32] : B == 64 ? a->s64[off / 64] : a->s128;
-            sum += (d * a->d) * isum + arm_h2f(w + 2) * sx;
-        } else {
-            sum += (d * a->d) * isum;
+        float sx = 0;
+        for (int j = 0; j < B / 32; j++, a++) {
+            int32x4_t acc = arm_dot16(vdupq_n_s32(0), armn_q(bits, asym, B, w + head, 2 * j), vld1q_s8(a->qs));
+            acc = arm_dot16(acc, armn_q(bits, asym, B, w + head, 2 * j + 1), vld1q_s8(a->qs + 16));
+            sum += (d * a->d) * (float)vaddvq_s32(acc);
+            sx = j ? sx + a->s : a->s;
         }
+        if (asym) sum += arm_h2f(w + 2) * sx;
     }
     return sum;
 }
