@@ -2,8 +2,9 @@
 # test_quantize.sh -- black-box tests of `sparrow quantize`: help, usage
 # errors (exit 2, one line), a malformed policy file refused with its line
 # (exit 1, no output left), a quantized stories260K that runs and says in its
-# metadata what it needs, the llama2.c input with pruning, and an existing
-# output left as it was when a run fails.  Numbers (bpw, quality) are checked
+# metadata what it needs, the llama2.c input with pruning, synthetic F16 and
+# Q8_0 inputs (Q4_0 refused), and an existing output left as it was when a
+# run fails.  Numbers (bpw, quality) are checked
 # in test_quantize.c.  Run by tests/run.sh with SPARROW = the binary.
 set -u
 
@@ -99,5 +100,19 @@ if [ "$rc" -eq 0 ] && [ -s "$tmp/out" ]; then ok "pruned: runs"; else bad "prune
 sp inspect "$out"
 has "pruned metadata" "$tmp/out" "llama.attention.head_count              6" "llama.feed_forward_length               129" \
     "sparrow.prune.heads"
+
+# ---- other inputs: a synthetic F16 / Q8_0 file; quantized files are refused --------------------
+for t in f16 q8_0 q4_0; do
+    sp synth --shape tiny --type $t -o "$tmp/tiny-$t.gguf" -q
+    [ "$rc" -eq 0 ] || bad "synth tiny $t" "$(show_err)"
+done
+for t in f16 q8_0; do
+    expect "synth tiny $t" 0 "$tmp/tiny-$t.gguf" "$out" --policy mem3 -q
+    sp run -m "$out" -p "hello" -n 4 --temp 0
+    if [ "$rc" -eq 0 ]; then ok "synth tiny $t: runs"; else bad "synth tiny $t: does not run" "$(show_err)"; fi
+done
+expect "Q4_0 input" 1 "$tmp/tiny-q4_0.gguf" "$tmp/requant.gguf"
+has "Q4_0 input" "$tmp/err" "is Q4_0; the quantizer reads F32, F16, BF16 or Q8_0"
+none_left "Q4_0 input" "$tmp/requant.gguf"
 
 harness_report quantize
