@@ -4,8 +4,10 @@
  *   policy.c   tensor name -> element type: named policies and policy files
  *   calib.c    activation statistics from running the model on a text
  *   prune.c    which FFN neurons and attention heads to keep, per layer
- *   quantize.c the driver: reads the input through the pager, cuts, quantizes
- *              and streams the GGUF writer (format/gguf.h).
+ *   scale.c    activation-aware channel scaling, folded into the model
+ *   gptq.c     rounding with error feedback over the input covariance
+ *   quantize.c the driver: reads the input through the pager, cuts, scales,
+ *              quantizes and streams the GGUF writer (format/gguf.h).
  * docs/QUANT.md describes policies, calibration, pruning and the output file.
  */
 #ifndef SP_QUANTIZE_H
@@ -95,6 +97,7 @@ const double *sp_calib_cov(const struct sp_calib *c, uint32_t i);
 
 /* Sampled input rows of tensor i (*n of them, width floats each), or NULL. */
 const float *sp_calib_samples(const struct sp_calib *c, uint32_t i, int32_t *n);
+
 void sp_calib_free(struct sp_calib *c);
 
 /* Mean of x_i^2 per input channel of tensor i into imp (its ne[0] floats),

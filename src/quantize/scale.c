@@ -15,11 +15,14 @@
  *   attn_output <- attn_v's rows    (x = softmax weights * V: linear in V;
  *                                    the query heads of a KV group share one s)
  *   output      <- output_norm      (only when not tied to the embedding)
- * s_c = E[x_c^2]^(alpha/2), normalised to a geometric mean of 1; alpha is
- * chosen per layer and group from a grid to minimise the calibrated output
- * error sum over rows of (w^ - w)^T H (w^ - w) (H = E[x x^T] when collected,
- * else its diagonal), w^ the dequantized scaled row divided back by s.
- * alpha = 0 (no scaling) is on the grid, so the error never gets worse.
+ * s_c = stat_c^(alpha/2), stat E[x_c^2] or the largest sampled x_c^2,
+ * normalised to a geometric mean of 1; alpha is chosen per layer and input
+ * from a grid to minimise the output error: over the calibration's sampled
+ * input rows, sum (w . x - w^ . x^)^2, w^ the scaled row quantized and x^ the
+ * scaled input rounded to the activation type the kernels use (so both
+ * roundings count); without samples, the weight error (w^ - w)^T H (w^ - w)
+ * with H = E[x x^T] or its diagonal.  alpha = 0 (no scaling) is on the grid,
+ * so the calibrated error never gets worse.
  *
  * The result is multipliers per tensor, applied when quantize.c reads rows.
  */
@@ -99,19 +102,21 @@ static void scales_for(const struct group *g, double alpha, const float *stat, f
 }
 
 /* Dequantized round trip of row x (n floats) through type t into out
- * (padded width); q: scratch of a row's bytes. */
-static sp_status round_trip(uint32_t t, const float *x, int64_t n, const float *imp, uint8_t *q, float *out) {
+ * (padded width): a weight through sp_quantize_rows (with importance imp), an
+ * activation through its type's converter, as the kernels convert it.  q:
+ * scratch of a row's bytes. */
+static sp_status round_trip(uint32_t t, bool weight, const float *x, int64_t n, const float *imp, uint8_t *q,
+                            float *out) {
     const struct sp_qtraits *tr = sp_qtraits_get(t);
     const int64_t be = tr->block_elems, np = (n + be - 1) / be * be;
-    sp_status rc = SP_OK;
-    if (sp_qtype_is_native(t) || t == SP_QTYPE_X8 || !imp) {
-        if (t == SP_QTYPE_X8 || !sp_qtype_is_native(t)) tr->from_float(x, q, n);
-        else rc = sp_quantize_rows(t, x, 1, n, imp, q);
+    if (weight) {
+        sp_status rc = sp_quantize_rows(t, x, 1, n, imp, q);
+        if (rc) return rc;
     } else {
-        rc = sp_quantize_rows(t, x, 1, n, imp, q);
+        tr->from_float(x, q, n);
     }
-    if (!rc) tr->to_float(q, out, np);
-    return rc;
+    tr->to_float(q, out, np);
+    return SP_OK;
 }
 
 /* dot(a, b) over n floats, in eight independent partial sums. */
@@ -150,12 +155,12 @@ static sp_status group_error(const struct group *g, const float *s, struct scrat
         sp_status rc;
         for (int32_t j = 0; g->x && j < g->n_x; j++) { /* the activations as the kernels will see them */
             for (int64_t c = 0; c < n; c++) S->scaled[c] = g->x[j * n + c] / s[c];
-            if ((rc = round_trip(act, S->scaled, n, NULL, S->q, S->xs + (size_t)(j * np)))) return rc;
+            if ((rc = round_trip(act, false, S->scaled, n, NULL, S->q, S->xs + (size_t)(j * np)))) return rc;
         }
         for (int64_t r = 0; r < S->n_rows[k]; r++) {
             const float *row = S->rows[k] + (size_t)(r * n);
             for (int64_t c = 0; c < n; c++) S->scaled[c] = row[c] * s[c];
-            if ((rc = round_trip(g->type[k], S->scaled, n, S->imp_s, S->q, S->deq))) return rc;
+            if ((rc = round_trip(g->type[k], true, S->scaled, n, S->imp_s, S->q, S->deq))) return rc;
             if (g->x) {
                 const float *y = S->y[k] + (size_t)(r * g->n_x);
                 for (int32_t j = 0; j < g->n_x; j++) {
