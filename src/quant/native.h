@@ -132,7 +132,11 @@ bool sp_qtype_is_native(uint32_t t);
  * != NULL (n_per_row non-negative weights, one per input channel), scales and
  * rounding minimise sum_i imp[i] * (w_i - q_i)^2 per block; with NULL, the
  * plain squared error.  dst holds n_rows * sp_qtype_row_bytes(t, n_per_row)
- * bytes.  Works for native types and for every ggml type with a quantizer.
+ * bytes.  Works for native types and for every ggml type with a quantizer
+ * (those ignore imp and need n_per_row % block == 0; native rows may end in
+ * a padded block).  Deterministic, no global state: threads may quantize
+ * disjoint rows at once.  About 15-20 M weights/s per thread for the FP16
+ * and asymmetric types, several times that for E8M0.
  * SP_E_UNSUPPORTED if t cannot be quantized to; SP_E_INVALID on bad sizes. */
 sp_status sp_quantize_rows(uint32_t t, const float *src, int64_t n_rows, int64_t n_per_row, const float *imp,
                            void *dst);
