@@ -55,11 +55,8 @@ struct ntype {
     bool asym, e8;
 };
 
-#define NT_ENTRY(nm, kind, blk, e8)                                                                                  \
-    {#nm, SP_NATIVE_ID(kind, blk, e8), (kind) == SP_NK_I3 || (kind) == SP_NK_I3A ? 3                                \
-                                       : (kind) == SP_NK_I4 || (kind) == SP_NK_I4A ? 4                              \
-                                       : (kind) == SP_NK_I6 ? 6 : 8,                                                 \
-     32 << (blk), (kind) == SP_NK_I3A || (kind) == SP_NK_I4A, (e8)},
+#define NT_ENTRY(nm, kind, blk, e8) \
+    {#nm, SP_NATIVE_ID(kind, blk, e8), SP_NATIVE_KIND_BITS(kind), 32 << (blk), SP_NATIVE_KIND_ASYM(kind), (e8)},
 static const struct ntype types[] = {SP_NATIVE_TYPES(NT_ENTRY)};
 #define N_TYPES ((int)SP_ARRAY_LEN(types))
 

@@ -32,8 +32,8 @@ static_assert(SP_QTYPE_X8 < SP_QTYPE_NATIVE_FIRST + SP_QTYPE_NATIVE_COUNT, "x8 i
  * Layouts
  * ======================================================================== */
 
-#define KIND_BITS(k) ((k) == SP_NK_I3 || (k) == SP_NK_I3A ? 3 : (k) == SP_NK_I4 || (k) == SP_NK_I4A ? 4 : (k) == SP_NK_I6 ? 6 : 8)
-#define KIND_ASYM(k) ((k) == SP_NK_I3A || (k) == SP_NK_I4A)
+#define KIND_BITS(k) SP_NATIVE_KIND_BITS(k)
+#define KIND_ASYM(k) SP_NATIVE_KIND_ASYM(k)
 #define BLK_ELEMS(b) (32 << (b))
 #define HEAD_BYTES(k, e8) (KIND_ASYM(k) ? 4 : (e8) ? 1 : 2)
 

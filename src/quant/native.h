@@ -44,6 +44,11 @@ enum sp_native_kind {
     SP_NK_I4A = 5, /* asymmetric INT4: u in 0..15 */
     SP_NK_COUNT = 6
 };
+/* Bits per value and asymmetry of a kind (constant expressions). */
+#define SP_NATIVE_KIND_BITS(k)                                                                                        \
+    ((k) == SP_NK_I3 || (k) == SP_NK_I3A ? 3 : (k) == SP_NK_I4 || (k) == SP_NK_I4A ? 4 : (k) == SP_NK_I6 ? 6 : 8)
+#define SP_NATIVE_KIND_ASYM(k) ((k) == SP_NK_I3A || (k) == SP_NK_I4A)
+
 #define SP_NATIVE_ID(kind, blk, e8) (SP_QTYPE_NATIVE_FIRST + 8u * (uint32_t)(kind) + 2u * (uint32_t)(blk) + (uint32_t)(e8))
 
 /* Every native weight type, as X(name, kind, blk, e8): kernel files

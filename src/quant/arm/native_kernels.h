@@ -76,12 +76,10 @@ ARM_INLINE float armn_dot(const int bits, const bool asym, const bool e8, const 
     return sum;
 }
 
-#define ARMN_KIND_BITS(k) ((k) == SP_NK_I3 || (k) == SP_NK_I3A ? 3 : (k) == SP_NK_I4 || (k) == SP_NK_I4A ? 4 : (k) == SP_NK_I6 ? 6 : 8)
-#define ARMN_KIND_ASYM(k) ((k) == SP_NK_I3A || (k) == SP_NK_I4A)
 
 #define ARMN_DEF(name, kind, blk, e8)                                                                                 \
     static void armn_vec_dot_##name(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) { \
-        *s = armn_dot(ARMN_KIND_BITS(kind), ARMN_KIND_ASYM(kind), (e8), 32 << (blk), n, w, x);                     \
+        *s = armn_dot(SP_NATIVE_KIND_BITS(kind), SP_NATIVE_KIND_ASYM(kind), (e8), 32 << (blk), n, w, x);                     \
     }
 SP_NATIVE_TYPES(ARMN_DEF)
 
