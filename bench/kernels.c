@@ -10,12 +10,15 @@
  * does.  Not a test: nothing is
  * checked here (tests/test_kernels.c does that).
  *
- *   build/bench/kernels [TYPE...]      e.g. build/bench/kernels Q4_0 Q8_0
+ *   build/bench/kernels [TYPE...]      e.g. build/bench/kernels Q4_0 Q8_0 i4_b64
+ * Sparrow's native types (quant/native.h) are listed after ggml's; with no
+ * TYPE arguments a representative few of them run.
  *   SPARROW_BENCH_MB=64                size of the streamed matrix (default 256)
  */
 #include "core/core.h"
 #include "core/cpu.h"
 #include "quant/isa.h"
+#include "quant/native.h"
 #include "quant/quant.h"
 
 #include <math.h>
@@ -63,14 +66,25 @@ static double median(double *v, int n) {
 struct table {
     const char *name;
     struct sp_qtraits tab[SP_QTYPE_COUNT];
+    struct sp_qtraits ntab[SP_QTYPE_NATIVE_COUNT]; /* native ids - SP_QTYPE_NATIVE_FIRST */
 };
 
-static void ref_copy(struct sp_qtraits *tab) {
-    memset(tab, 0, sizeof(struct sp_qtraits) * SP_QTYPE_COUNT);
+static void ref_copy(struct table *tb) {
+    memset(tb->tab, 0, sizeof tb->tab);
+    memset(tb->ntab, 0, sizeof tb->ntab);
     for (int t = 0; t < SP_QTYPE_COUNT; t++) {
         const struct sp_qtraits *r = sp_qtraits_ref((uint32_t)t);
-        if (r) tab[t] = *r;
+        if (r) tb->tab[t] = *r;
     }
+    for (uint32_t i = 0; i < SP_QTYPE_NATIVE_COUNT; i++) {
+        const struct sp_qtraits *r = sp_qtraits_ref(SP_QTYPE_NATIVE_FIRST + i);
+        if (r) tb->ntab[i] = *r;
+    }
+}
+
+/* Table entry of type t (ggml or native id). */
+static struct sp_qtraits *entry(struct table *tb, uint32_t t) {
+    return t >= SP_QTYPE_NATIVE_FIRST ? &tb->ntab[t - SP_QTYPE_NATIVE_FIRST] : &tb->tab[t];
 }
 
 /* Rows of real quantized data: a 1 MiB pattern of blocks quantized from
@@ -115,6 +129,9 @@ int main(int argc, char **argv) {
     static const uint32_t types[] = {SP_QTYPE_Q4_0, SP_QTYPE_Q8_0, SP_QTYPE_Q4_K, SP_QTYPE_Q6_K, SP_QTYPE_F16,
                                      SP_QTYPE_BF16, SP_QTYPE_F32,  SP_QTYPE_Q4_1, SP_QTYPE_Q5_0, SP_QTYPE_Q5_1,
                                      SP_QTYPE_Q2_K, SP_QTYPE_Q3_K, SP_QTYPE_Q5_K};
+    /* native: every id is looked at; without arguments only these run */
+    static const char *const native_default[] = {"i4_b32", "i4_b64", "i4_b128", "i4_b128_e8", "i3_b64",
+                                                 "i3_b128", "i6_b64", "i8_b32", "i4a_b64", "i3a_b64"};
     const char *mb_env = getenv("SPARROW_BENCH_MB");
     const size_t big = (size_t)(mb_env ? atoi(mb_env) : 256) << 20, small = 256u << 10;
     sp_quant_init();
@@ -122,26 +139,34 @@ int main(int argc, char **argv) {
     static struct table tables[5];
     int nt = 0;
     tables[nt].name = "ref";
-    ref_copy(tables[nt++].tab);
+    ref_copy(&tables[nt++]);
 #if defined(__x86_64__)
     const struct sp_cpu_features *f = sp_cpu_features();
     if (f->avx2 && f->fma && f->f16c) {
         tables[nt].name = "avx2";
-        ref_copy(tables[nt].tab);
-        sp_quant_register_avx2(tables[nt++].tab, f);
+        ref_copy(&tables[nt]);
+        sp_quant_register_avx2(tables[nt].tab, f);
+        sp_quant_register_native_avx2(tables[nt++].ntab, f);
     }
     if (f->avx512f && f->avx512bw && f->avx512vl && f->avx512vnni) {
         tables[nt].name = "avx512";
-        ref_copy(tables[nt].tab);
+        ref_copy(&tables[nt]);
         sp_quant_register_avx2(tables[nt].tab, f);
-        sp_quant_register_avx512(tables[nt++].tab, f);
+        sp_quant_register_avx512(tables[nt].tab, f);
+        sp_quant_register_native_avx2(tables[nt].ntab, f);
+        sp_quant_register_native_avx512(tables[nt++].ntab, f);
     }
 #endif
     tables[nt].name = "active";
+    ref_copy(&tables[nt]);
     for (int t = 0; t < SP_QTYPE_COUNT; t++) {
         const struct sp_qtraits *a = sp_qtraits_get((uint32_t)t);
         memset(&tables[nt].tab[t], 0, sizeof tables[nt].tab[t]);
         if (a) tables[nt].tab[t] = *a;
+    }
+    for (uint32_t i = 0; i < SP_QTYPE_NATIVE_COUNT; i++) {
+        const struct sp_qtraits *a = sp_qtraits_get(SP_QTYPE_NATIVE_FIRST + i);
+        if (a) tables[nt].ntab[i] = *a;
     }
     nt++;
 
@@ -156,13 +181,19 @@ int main(int argc, char **argv) {
     printf("single thread, rows of %d; decode = 1 token (GB/s of weights), prefill = gemm of %d tokens x %d rows "
            "(GFLOP/s); medians\n",
            N_COLS, GEMM_TOK, GEMM_ROWS);
-    printf("%-5s %-7s %12s %12s %14s\n", "type", "table", "decode-DRAM", "decode-L2", "prefill");
-    for (size_t k = 0; k < SP_ARRAY_LEN(types); k++) {
-        const uint32_t t = types[k];
+    printf("%-10s %-7s %12s %12s %14s\n", "type", "table", "decode-DRAM", "decode-L2", "prefill");
+    const size_t n_ggml = SP_ARRAY_LEN(types);
+    for (size_t k = 0; k < n_ggml + SP_QTYPE_NATIVE_COUNT; k++) {
+        const uint32_t t = k < n_ggml ? types[k] : SP_QTYPE_NATIVE_FIRST + (uint32_t)(k - n_ggml);
         const char *tn = sp_qtype_name(t);
+        if (!tn || !sp_qtraits_ref(t)->vec_dot) continue;
         if (argc > 1) {
             int want = 0;
             for (int a = 1; a < argc; a++) want |= !strcmp(argv[a], tn);
+            if (!want) continue;
+        } else if (k >= n_ggml) {
+            int want = 0;
+            for (size_t a = 0; a < SP_ARRAY_LEN(native_default); a++) want |= !strcmp(native_default[a], tn);
             if (!want) continue;
         }
         const struct sp_qtraits *ref = sp_qtraits_ref(t), *xt = sp_qtraits_ref(ref->vec_dot_type);
@@ -174,9 +205,9 @@ int main(int argc, char **argv) {
             xt->from_float(xf, xq + (size_t)i * xrb, N_COLS);
         }
         for (int ti = 0; ti < nt; ti++) {
-            const struct sp_qtraits *tr = &tables[ti].tab[t];
+            const struct sp_qtraits *tr = entry(&tables[ti], t);
             if (!tr->vec_dot) continue;
-            if (ti == nt - 1 && memcmp(tr, &tables[nt - 2].tab[t], sizeof *tr) == 0) continue; /* same as last */
+            if (ti == nt - 1 && memcmp(tr, entry(&tables[nt - 2], t), sizeof *tr) == 0) continue; /* same as last */
             const bool is_ref = ti == 0;
             double v[9];
             const int reps = is_ref ? 3 : 7;
@@ -200,7 +231,7 @@ int main(int argc, char **argv) {
                 v[i] = 2.0 * N_COLS * grows * GEMM_TOK / (now() - t0) / 1e9;
             }
             const double gf = median(v, reps);
-            printf("%-5s %-7s %9.2f GB/s %7.2f GB/s %8.1f GFLOP/s%s\n", tn, tables[ti].name, dram, l2, gf,
+            printf("%-10s %-7s %9.2f GB/s %7.2f GB/s %8.1f GFLOP/s%s\n", tn, tables[ti].name, dram, l2, gf,
                    tr->gemm ? "" : " (vec_dot loop)");
             fflush(stdout);
         }

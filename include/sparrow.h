@@ -445,6 +445,88 @@ const char *sp_synth_type_name(int32_t i); /* NULL out of range */
  * for unknown names. */
 sp_status sp_synth_size(const char *shape, const char *type, uint64_t *n_params, uint64_t *tensor_bytes);
 
+/* ---------------------------------------------------------------------------
+ * Quantizer (src/quantize/): a model file in, a GGUF with Sparrow's mixed-
+ * precision block types out, optionally calibrated on a text and pruned.
+ * docs/QUANT.md describes the policies and the file they write.
+ * ------------------------------------------------------------------------- */
+
+/* What sp_quantize reports after each tensor it wrote.  Strings are valid
+ * during the call only. */
+struct sp_quantize_tensor_report {
+    int32_t index, count;     /* this tensor's place in the output, of count */
+    const char *name;
+    const char *type;         /* the type it was stored as: "i4_b64", "F32" */
+    int32_t n_dims;
+    int64_t ne[4];            /* output shape (after pruning) */
+    uint64_t bytes;           /* its data bytes in the output */
+    double rel_rmse;          /* sqrt(sum (w - q)^2 / sum w^2) over the tensor */
+    double rel_rmse_imp;      /* the same weighted by the calibrated importance
+                                 of each input channel; -1 without calibration */
+    const char *note;         /* "" or why the type differs from the policy's */
+};
+/* Return true to go on, false to cancel (nothing is written then). */
+typedef bool (*sp_quantize_tensor_fn)(const struct sp_quantize_tensor_report *r, void *user);
+
+/* What calibration does beyond weighting each channel's error by its mean
+ * squared activation (always on with a calibration text). */
+enum sp_calib_method {
+    SP_CALIB_SCALE = 1u << 0, /* activation-aware channel scaling, folded into the
+                                 producing operation (the model's function is kept) */
+    SP_CALIB_GPTQ = 1u << 1,  /* rounding with error feedback over the input
+                                 covariance (small models: the covariances must fit
+                                 256 MiB) */
+};
+
+struct sp_quantize_params {
+    const char *input;        /* GGUF (F32/F16/BF16/Q8_0 tensors) or llama2.c .bin */
+    const char *tokenizer_path; /* llama2.c input: its tokenizer.bin (NULL = beside it) */
+    const char *output;       /* GGUF written; created or replaced only when complete */
+    const char *policy;       /* a named policy (sp_quantize_policy_info); NULL = "mem4" */
+    const char *policy_file;  /* or a file of "PATTERN TYPE" lines (overrides policy) */
+    const char *calib_path;   /* a text to calibrate on; NULL = none */
+    int32_t calib_chunks;     /* at most this many chunks of the text (0 = 16) */
+    int32_t calib_ctx;        /* tokens per chunk (0 = 128, capped at the model's context) */
+    unsigned calib_skip;      /* SP_CALIB_* methods not to use (0 = use all) */
+    float prune_ffn;          /* fraction of FFN neurons dropped per layer, [0, 1) */
+    int32_t prune_heads;      /* attention heads dropped per layer, >= 0; with
+                                 grouped-query attention a multiple of the group
+                                 size (whole KV groups go) */
+    int32_t n_threads;        /* 0 = one */
+    sp_quantize_tensor_fn on_tensor; /* NULL = no reports */
+    void *user;
+};
+struct sp_quantize_params sp_quantize_default_params(void);
+
+struct sp_quantize_result {
+    char policy[32];          /* the policy's name ("file" for a policy file) */
+    uint64_t n_params;        /* elements over all tensors of the output */
+    uint64_t tensor_bytes;    /* tensor data bytes of the output, as stored */
+    double bpw;               /* tensor_bytes * 8 / n_params, measured on the output */
+    uint64_t file_size;
+    bool native;              /* uses Sparrow's own types (sparrow.requires is set) */
+    int32_t calib_tokens;     /* tokens the calibration ran (0 = none) */
+    int32_t n_scaled;         /* inputs whose channels calibration rescaled */
+    int32_t n_gptq;           /* tensors rounded with error feedback */
+    int32_t n_ff, n_heads, n_kv_heads; /* of the output, after pruning */
+    double seconds;           /* wall time of the whole call */
+};
+
+/* Quantize params->input into params->output.  The output goes to a
+ * temporary file renamed into place when complete: on any failure or a
+ * cancel nothing is left and an existing file at output is untouched.
+ * out (may be NULL) receives the summary.  Returns SP_OK, SP_E_INVALID (bad
+ * parameters, unknown policy, pruning the format cannot express),
+ * SP_E_FORMAT (a malformed policy file: the message names the line),
+ * SP_E_UNSUPPORTED (an input tensor type the quantizer does not read),
+ * SP_E_IO, SP_E_NOMEM, SP_E_STATE (cancelled by on_tensor). */
+sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantize_result *out);
+
+/* The named policies, for listing.  Strings are static; SP_E_INVALID out of
+ * range. */
+int32_t sp_quantize_n_policies(void);
+sp_status sp_quantize_policy_info(int32_t i, const char **name, const char **about);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,6 +3,8 @@
 # the ARM kernel tests and the stories260K golden test under qemu-user:
 #   - test_kernels on a CPU with the dot product extension (-cpu max): both
 #     levels, neon and dotprod, against the reference kernels;
+#   - test_native (Sparrow's native block types) on -cpu max (neon and
+#     dotprod) and on a Cortex-A72 (neon only);
 #   - test_neon: the dispatch table follows detection and SPARROW_ISA, on
 #     -cpu max (dotprod expected), with SPARROW_ISA=neon, and on a
 #     Cortex-A72 (no dotprod: detection must say so);
@@ -103,6 +105,8 @@ step() {
 }
 
 step kernels-max max test_kernels
+step native-max max test_native
+step native-a72 cortex-a72 test_native
 step dispatch-max max test_neon SPARROW_EXPECT_DOTPROD=1
 step dispatch-isa-neon max test_neon SPARROW_EXPECT_DOTPROD=1 SPARROW_ISA=neon
 step dispatch-a72 cortex-a72 test_neon SPARROW_EXPECT_DOTPROD=0
@@ -112,7 +116,7 @@ if [ "$all" -eq 1 ]; then
     for t in "$root/$BUILD"/tests/test_*; do
         [ -x "$t" ] || continue
         b=$(basename "$t")
-        case "$b" in *.o | *.d | *.log | test_kernels | test_neon | test_golden) continue ;; esac
+        case "$b" in *.o | *.d | *.log | test_kernels | test_native | test_neon | test_golden) continue ;; esac
         step "$b" max "$b"
     done
 fi

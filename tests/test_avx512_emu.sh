@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs tests/test_kernels.c against src/quant/x86/avx512.c built with SIMDe
+# Runs tests/test_kernels.c and tests/test_native.c against src/quant/x86/avx512.c built with SIMDe
 # (portable AVX-512 intrinsics), so the AVX-512/VNNI kernels are checked on
 # CPUs without AVX-512 too.  Skips (passes) where SIMDe's headers or an
 # x86-64 compiler are missing.  Builds into $BUILD/emu (default build/).
@@ -24,3 +24,7 @@ $CC $flags -include "$root/tests/emu/simde_avx512.h" -c "$root/src/quant/x86/avx
 $CC $flags -DSP_TEST_EMULATED_AVX512 "$root/tests/test_kernels.c" "$out/avx512_emu.o" "$lib" \
     -lpcre2-8 -lm -lpthread -o "$out/test_kernels_emu"
 "$out/test_kernels_emu"
+# the native block types' kernels (x86/native_kernels.inc, inside avx512.c)
+$CC $flags -DSP_TEST_EMULATED_AVX512 "$root/tests/test_native.c" "$out/avx512_emu.o" "$lib" \
+    -lpcre2-8 -lm -lpthread -o "$out/test_native_emu"
+"$out/test_native_emu"

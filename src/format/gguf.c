@@ -10,6 +10,7 @@
  */
 #include "gguf.h"
 
+#include "quant/native.h"
 #include "quant/quant.h"
 
 #include <errno.h>
@@ -397,14 +398,18 @@ static sp_status rd_tensor(struct rd *r, struct sp_tensor_desc *t, uint64_t inde
     if (!tr) {
         return sp_err(SP_E_UNSUPPORTED, "sp_gguf_read: '%s': tensor '%s' has unknown type id %u", r->path, t->name, type);
     }
-    if (t->ne[0] % tr->block_elems != 0) {
+    /* Sparrow's native types pad the last block of a row (quant/native.h). */
+    const bool padded = type >= SP_QTYPE_NATIVE_FIRST;
+    if (!padded && t->ne[0] % tr->block_elems != 0) {
         return sp_err(SP_E_FORMAT, "sp_gguf_read: '%s': tensor '%s': row length ne[0] = %lld is not a multiple of the %s block size %lld",
                       r->path, t->name, (long long)t->ne[0], tr->name, (long long)tr->block_elems);
     }
     /* size = row bytes * rows, with rows = ne1*ne2*ne3 (overflow-checked). */
     uint64_t rows = 1, size = 0;
     for (uint32_t d = 1; d < GGUF_MAX_DIMS; d++) overflow |= sp_mul_overflow_u64(rows, (uint64_t)t->ne[d], &rows);
-    const uint64_t row_bytes = (uint64_t)(t->ne[0] / tr->block_elems) * tr->block_bytes;
+    const uint64_t n_blocks = ((uint64_t)t->ne[0] + (padded ? (uint64_t)tr->block_elems - 1 : 0)) / (uint64_t)tr->block_elems;
+    uint64_t row_bytes = 0;
+    overflow |= sp_mul_overflow_u64(n_blocks, tr->block_bytes, &row_bytes);
     if (!empty && (overflow || sp_mul_overflow_u64(row_bytes, rows, &size))) {
         return sp_err(SP_E_FORMAT, "sp_gguf_read: '%s': tensor '%s': byte size overflows", r->path, t->name);
     }
@@ -794,11 +799,14 @@ sp_status sp_gguf_writer_add_tensor(struct sp_gguf_writer *w, const char *name, 
         overflow |= sp_mul_overflow_u64(n_elems, (uint64_t)ne[d], &n_elems);
         if (d > 0) overflow |= sp_mul_overflow_u64(rows, (uint64_t)ne[d], &rows);
     }
-    if (ne[0] % tr->block_elems != 0) {
+    const bool padded = type >= SP_QTYPE_NATIVE_FIRST; /* native types pad the last block */
+    if (!padded && ne[0] % tr->block_elems != 0) {
         return sp_err(SP_E_INVALID, "%s: tensor '%s': ne[0] = %lld is not a multiple of the %s block size %lld", __func__, name,
                       (long long)ne[0], tr->name, (long long)tr->block_elems);
     }
-    const uint64_t row_bytes = (uint64_t)(ne[0] / tr->block_elems) * tr->block_bytes;
+    const uint64_t n_blocks = ((uint64_t)ne[0] + (padded ? (uint64_t)tr->block_elems - 1 : 0)) / (uint64_t)tr->block_elems;
+    uint64_t row_bytes = 0;
+    overflow |= sp_mul_overflow_u64(n_blocks, tr->block_bytes, &row_bytes);
     uint64_t end;
     if (empty) {
         t.size = 0;

@@ -109,6 +109,7 @@ void sp_fwd_free(struct sp_fwd *f) {
  * (0, or an expert's first row). */
 sp_status sp_matmul_rows(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, uint64_t row0,
                          uint32_t n_rows, const float *x, int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld) {
+    if (f->observe) f->observe(f->observe_ctx, t, x, x_ld, n_tok);
     size_t stride;
     const void *xc = sp_act_convert(t->type, x, t->ne[0], x_ld, n_tok, f->xq, &stride);
     const uint64_t row_bytes = sp_qtype_row_bytes(t->type, t->ne[0]);

@@ -72,6 +72,12 @@ sp_status sp_model_bind(struct sp_model *m);
 
 struct sp_moe_trace; /* moe.h */
 
+/* Called with a weight's n_tok input rows (x_ld floats apart) right before
+ * every matrix product, when set in struct sp_fwd: how the quantizer collects
+ * activation statistics.  Must not allocate or touch the pager. */
+typedef void (*sp_fwd_observe_fn)(void *ctx, const struct sp_tensor_desc *t, const float *x, int64_t x_ld,
+                                  uint32_t n_tok);
+
 /* Per-session scratch for the forward pass, sized from the hparams for up
  * to n_batch tokens at once.  Row-major: token t's row of x is x + t*n_embd. */
 struct sp_fwd {
@@ -101,6 +107,8 @@ struct sp_fwd {
     struct sp_pool *pool;
     uint32_t n_ctx;
     uint32_t n_batch;
+    sp_fwd_observe_fn observe; /* NULL except while calibrating (src/quantize/calib.c) */
+    void *observe_ctx;
 };
 
 sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch, int n_threads,

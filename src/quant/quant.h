@@ -68,7 +68,8 @@ struct sp_qtraits {
 /* Fill the dispatch table from CPU features.  Idempotent; called by sp_init(). */
 void sp_quant_init(void);
 
-/* Traits of type t, or NULL if t is not a known type id.  Valid after
+/* Traits of type t, or NULL if t is not a known type id (ggml ids below
+ * SP_QTYPE_COUNT, Sparrow's native ids from SP_QTYPE_NATIVE_FIRST).  Valid after
  * sp_quant_init(); the table is read-only afterwards. */
 const struct sp_qtraits *sp_qtraits_get(uint32_t t);
 
@@ -83,7 +84,8 @@ void sp_gemm_generic(uint32_t t, int64_t n, const void *w, size_t w_stride, int6
 const char *sp_qtype_name(uint32_t t);
 
 /* Bytes of a row of n elements, or 0 if t is unknown or n is not a multiple of
- * the block size. */
+ * the block size.  Native types (native.h) pad the last block instead:
+ * ceil(n / block) * block_bytes for any n >= 0. */
 size_t sp_qtype_row_bytes(uint32_t t, int64_t n);
 
 #endif /* SP_QUANT_H */

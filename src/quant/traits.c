@@ -7,6 +7,7 @@
 #include "quant.h"
 
 #include "isa.h"
+#include "native.h"
 #include "ref.h"
 #include "types.h"
 
@@ -71,11 +72,21 @@ static const struct sp_qtraits ref_table[SP_QTYPE_COUNT] = {
 };
 
 static struct sp_qtraits table[SP_QTYPE_COUNT];
+/* Sparrow's native types (native.h), indexed by id - SP_QTYPE_NATIVE_FIRST. */
+static struct sp_qtraits ntable[SP_QTYPE_NATIVE_COUNT];
 static atomic_int table_ready;
+
+static bool is_native_id(uint32_t t) {
+    return t >= SP_QTYPE_NATIVE_FIRST && t - SP_QTYPE_NATIVE_FIRST < SP_QTYPE_NATIVE_COUNT;
+}
 
 void sp_quant_init(void) {
     if (atomic_load(&table_ready)) return;
     for (int i = 0; i < SP_QTYPE_COUNT; i++) table[i] = ref_table[i];
+    for (uint32_t i = 0; i < SP_QTYPE_NATIVE_COUNT; i++) {
+        const struct sp_qtraits *r = sp_native_ref_traits(SP_QTYPE_NATIVE_FIRST + i);
+        if (r) ntable[i] = *r;
+    }
     /* ISA hook: x86/ and arm/ variants replace table[t].vec_dot / to_float /
      * from_float here, chosen from sp_cpu_features().  A replaced from_float
      * must produce the same bytes as the reference one (activations are
@@ -89,6 +100,8 @@ void sp_quant_init(void) {
         const struct sp_cpu_features *f = sp_cpu_features();
         if (cap >= 1) sp_quant_register_avx2(table, f);
         if (cap >= 2) sp_quant_register_avx512(table, f);
+        if (cap >= 1) sp_quant_register_native_avx2(ntable, f);
+        if (cap >= 2) sp_quant_register_native_avx512(ntable, f);
     }
 #endif
 #if defined(__x86_64__)
@@ -111,6 +124,7 @@ void sp_quant_init(void) {
         if (isa && !strcmp(isa, "ref")) f.neon = f.dotprod = false;
         if (isa && !strcmp(isa, "neon")) f.dotprod = false;
         sp_quant_register_neon(table, &f);
+        sp_quant_register_native_neon(ntable, &f);
     }
 #endif
     atomic_store(&table_ready, 1);
@@ -118,11 +132,13 @@ void sp_quant_init(void) {
 
 const struct sp_qtraits *sp_qtraits_get(uint32_t t) {
     if (!atomic_load(&table_ready)) sp_quant_init();
+    if (is_native_id(t)) return ntable[t - SP_QTYPE_NATIVE_FIRST].name ? &ntable[t - SP_QTYPE_NATIVE_FIRST] : NULL;
     if (t >= SP_QTYPE_COUNT || !table[t].name) return NULL;
     return &table[t];
 }
 
 const struct sp_qtraits *sp_qtraits_ref(uint32_t t) {
+    if (is_native_id(t)) return sp_native_ref_traits(t);
     if (t >= SP_QTYPE_COUNT || !ref_table[t].name) return NULL;
     return &ref_table[t];
 }
@@ -134,6 +150,7 @@ const char *sp_qtype_name(uint32_t t) {
 
 size_t sp_qtype_row_bytes(uint32_t t, int64_t n) {
     const struct sp_qtraits *tr = sp_qtraits_ref(t);
+    if (tr && n >= 0 && is_native_id(t)) return (size_t)((n + tr->block_elems - 1) / tr->block_elems) * tr->block_bytes;
     if (!tr || n < 0 || n % tr->block_elems != 0) return 0;
     return (size_t)(n / tr->block_elems) * tr->block_bytes;
 }

@@ -19,10 +19,17 @@ static inline __attribute__((always_inline)) int32x4_t arm_dot16(int32x4_t acc, 
 }
 
 #include "kernels.h"
+#include "native_kernels.h"
 
 /* Replace the integer vec_dot/gemm entries of table with the SDOT ones.
  * Call only if f->dotprod (the CPU has FEAT_DotProd). */
 void sp_quant_register_dotprod(struct sp_qtraits *table, const struct sp_cpu_features *f) {
     if (!f->dotprod) return;
     arm_install_int(table);
+}
+
+/* The native types' vec_dot with SDOT.  Call only if f->dotprod. */
+void sp_quant_register_native_dotprod(struct sp_qtraits *ntable, const struct sp_cpu_features *f) {
+    if (!f->dotprod) return;
+    armn_install(ntable);
 }

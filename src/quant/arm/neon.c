@@ -24,6 +24,7 @@ static inline __attribute__((always_inline)) int32x4_t arm_dot16(int32x4_t acc, 
 }
 
 #include "kernels.h"
+#include "native_kernels.h"
 
 /* ==========================================================================
  * Float rows: products in float, fused into 16 float accumulators (ref.c
@@ -252,4 +253,12 @@ void sp_quant_register_neon(struct sp_qtraits *table, const struct sp_cpu_featur
     table[SP_QTYPE_Q8_K].from_float = q8_k_from_float;
     arm_install_int(table);
     if (f->dotprod) sp_quant_register_dotprod(table, f);
+}
+
+/* The native types' vec_dot (native_kernels.h) into ntable, indexed by id -
+ * SP_QTYPE_NATIVE_FIRST; the SDOT ones from dotprod.c when f->dotprod. */
+void sp_quant_register_native_neon(struct sp_qtraits *ntable, const struct sp_cpu_features *f) {
+    if (!f->neon) return;
+    armn_install(ntable);
+    if (f->dotprod) sp_quant_register_native_dotprod(ntable, f);
 }

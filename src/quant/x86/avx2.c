@@ -6,10 +6,16 @@
  */
 #define SPX_VNNI 0
 #include "kernels.inc"
+#include "native_kernels.inc"
 
 #include "quant/isa.h"
 
 void sp_quant_register_avx2(struct sp_qtraits *table, const struct sp_cpu_features *f) {
     if (!f->avx2 || !f->fma || !f->f16c) return;
     spx_install(table);
+}
+
+void sp_quant_register_native_avx2(struct sp_qtraits *ntable, const struct sp_cpu_features *f) {
+    if (!f->avx2 || !f->fma || !f->f16c) return;
+    spxn_install(ntable);
 }

@@ -1,0 +1,210 @@
+/*
+ * quantize.h -- the pieces of `sparrow quantize` (sp_quantize in sparrow.h),
+ * internal to src/quantize/ and its tests:
+ *   policy.c   tensor name -> element type: named policies and policy files
+ *   calib.c    activation statistics from running the model on a text
+ *   prune.c    which FFN neurons and attention heads to keep, per layer
+ *   scale.c    activation-aware channel scaling, folded into the model
+ *   gptq.c     rounding with error feedback over the input covariance
+ *   quantize.c the driver: reads the input through the pager, cuts, scales,
+ *              quantizes and streams the GGUF writer (format/gguf.h).
+ * docs/QUANT.md describes policies, calibration, pruning and the output file.
+ */
+#ifndef SP_QUANTIZE_H
+#define SP_QUANTIZE_H
+
+#include "model/model.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* ---- policies ------------------------------------------------------------
+ * A policy is an ordered list of rules "PATTERN TYPE": the first rule whose
+ * glob pattern (fnmatch: * ? [...], '*' also matches '.') matches a tensor's
+ * name gives its type.  Named policies are written in the same syntax. */
+
+struct sp_qrule {
+    char *pattern;
+    uint32_t type;  /* sp_qtype_from_name of the TYPE field */
+    uint32_t line;  /* 1-based line in the source text */
+};
+
+struct sp_qpolicy {
+    char name[32];  /* the policy's name, or "file" */
+    char *origin;   /* where the rules came from (a path, or "policy NAME") */
+    struct sp_qrule *rules; /* (n_rules) in order */
+    uint32_t n_rules;
+};
+
+/* Parse policy text (len bytes): one rule per line, fields separated by
+ * blanks, '#' starts a comment, blank lines ignored.  origin names the text
+ * in messages.  SP_E_FORMAT naming origin and the line for: a line without
+ * exactly two fields, an unknown type, a type that cannot be quantized to, a
+ * pattern longer than 255 bytes, or no rules at all.  SP_E_NOMEM. */
+sp_status sp_qpolicy_parse(const char *text, size_t len, const char *origin, struct sp_qpolicy **out);
+
+/* Read and parse a policy file (at most 1 MiB).  SP_E_IO, SP_E_FORMAT,
+ * SP_E_NOMEM. */
+sp_status sp_qpolicy_load(const char *path, struct sp_qpolicy **out);
+
+/* A named policy ("mem4", "mem3", "q8", ...).  SP_E_INVALID for an unknown
+ * name (the message lists the known ones). */
+sp_status sp_qpolicy_named(const char *name, struct sp_qpolicy **out);
+
+/* The rule text of named policy i (static), or NULL out of range. */
+const char *sp_qpolicy_text(int32_t i);
+
+void sp_qpolicy_free(struct sp_qpolicy *p);
+
+/* The first rule matching name, or NULL. */
+const struct sp_qrule *sp_qpolicy_match(const struct sp_qpolicy *p, const char *name);
+
+/* ---- calibration ---------------------------------------------------------
+ * For every tensor a matrix product reads (by index into the model file's
+ * tensor directory): the sum over observed tokens of x_i^2 for each input
+ * channel i, and the number of tokens.  The output head is observed on every
+ * token (not only the last of a batch). */
+
+struct sp_calib {
+    uint32_t n_tensors;
+    double **sumsq;     /* (n_tensors) each (ne[0]) or NULL when no product reads it */
+    uint64_t *count;    /* (n_tensors) token rows observed */
+    int64_t *width;     /* (n_tensors) input channels (ne[0]) */
+    double **cov;       /* (n_tensors) (ne[0], ne[0]) sums of x x^T for the tensors
+                           that own one, else NULL (see cov_of) */
+    int32_t *cov_of;    /* (n_tensors) the tensor whose input (and covariance) this
+                           one shares -- itself for owners -- or -1 when none */
+    float **sample;     /* (n_tensors) owners: up to sample_cap input rows (ne[0]
+                           floats each), every sample_stride-th token; else NULL */
+    int32_t *n_sample;  /* (n_tensors) rows held */
+    int32_t sample_cap, sample_stride;
+    int32_t n_tokens;   /* tokens run through the model */
+    int32_t n_chunks;
+};
+
+/* Run model m on the text in path: tokenized once with BOS, cut into at most
+ * n_chunks chunks of ctx tokens (the first of each replaced by BOS), each run
+ * as one batch from an empty cache.  Input covariances (for gptq.c) are
+ * collected too when all of them fit cov_budget bytes (0: never), and a
+ * sample of input rows (for scale.c) when they fit 512 MiB; tensors that
+ * read the same input (attn_q/k/v, ffn_gate/up) share them.  SP_E_IO,
+ * SP_E_INVALID (a text shorter than 2 tokens), SP_E_NOMEM. */
+sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, int32_t ctx, int n_threads,
+                       uint64_t cov_budget, struct sp_calib **out);
+
+/* The covariance (width x width sums of x x^T) of tensor i's input, or NULL. */
+const double *sp_calib_cov(const struct sp_calib *c, uint32_t i);
+
+/* Sampled input rows of tensor i (*n of them, width floats each), or NULL. */
+const float *sp_calib_samples(const struct sp_calib *c, uint32_t i, int32_t *n);
+
+void sp_calib_free(struct sp_calib *c);
+
+/* Mean of x_i^2 per input channel of tensor i into imp (its ne[0] floats),
+ * with a small floor (calib.c).  False (imp untouched) when c is NULL or
+ * nothing observed that tensor. */
+bool sp_calib_importance(const struct sp_calib *c, uint32_t i, float *imp);
+
+/* ---- pruning -------------------------------------------------------------
+ * Which FFN neurons and attention heads each layer keeps.  Every layer keeps
+ * the same counts (GGUF's llama keys hold one count for all layers). */
+
+struct sp_prune_layer {
+    uint32_t *ff;       /* (n_ff) kept neurons, ascending; NULL = all */
+    uint32_t *q_rows;   /* (n_heads * hd_k) kept rows of attn_q; NULL = all */
+    uint32_t *k_rows;   /* (n_kv_heads * hd_k) kept rows of attn_k */
+    uint32_t *v_rows;   /* (n_kv_heads * hd_v) kept rows of attn_v */
+    uint32_t *o_cols;   /* (n_heads * hd_v) kept columns of attn_output */
+};
+
+struct sp_prune_plan {
+    uint32_t n_layers;
+    uint32_t n_ff, n_heads, n_kv_heads;  /* after pruning */
+    bool ffn, heads;                     /* what is cut */
+    struct sp_prune_layer *layers;       /* (n_layers) */
+};
+
+/* Choose what to drop: ffn_frac of each layer's FFN neurons (rounded to the
+ * nearest count; at least one neuron stays) and n_heads query heads per
+ * layer, lowest importance first.  Importance of neuron j is |ffn_down
+ * column j|^2 * E[h_j^2] (calibrated), or |gate row j| |up row j| |down
+ * column j| (squared) without calibration; of a head, the sum over its
+ * attn_output columns of |column|^2 * E[x^2] (calibrated), or |attn_output
+ * columns|^2 * |attn_v rows of its KV head|^2 without.  With grouped-query
+ * attention heads go in whole KV groups: n_heads must be a multiple of the
+ * group size and leave a group, else SP_E_INVALID saying so.
+ * SP_E_UNSUPPORTED for MoE models. */
+sp_status sp_prune_plan_build(struct sp_model *m, const struct sp_calib *c, float ffn_frac, int32_t n_heads,
+                              struct sp_prune_plan **out);
+void sp_prune_plan_free(struct sp_prune_plan *p);
+
+/* How tensor t of m is cut by plan p: kept rows (indices into its ne[1]) and
+ * kept columns (into ne[0]; for a 1-D bias, its elements), NULL = all. */
+struct sp_prune_cut {
+    const uint32_t *rows;
+    int64_t n_rows;
+    const uint32_t *cols;
+    int64_t n_cols;
+};
+void sp_prune_cut_of(const struct sp_prune_plan *p, const struct sp_model *m, const struct sp_tensor_desc *t,
+                     struct sp_prune_cut *out);
+
+/* ---- calibrated rounding with error feedback (gptq.c) ----------------------
+ * For tensors whose input covariance H = sum x x^T calibration collected:
+ * each row is quantized channel by channel and the rounding error is pushed
+ * onto the channels not yet quantized, minimising the error of the layer's
+ * output (w - q)^T H (w - q) instead of each weight's own. */
+
+struct sp_gptq;
+
+/* Factor H (n_full x n_full, row-major sums of x x^T), for weights whose
+ * columns were multiplied by col_mul (n_full, or NULL: the input is divided
+ * by it), restricted to the channels cols[0..n) (all when cols is NULL, then
+ * n == n_full), with 1% of its mean diagonal added (more if needed) for
+ * stability.  Within each block of the type (block channels), channels are
+ * processed in order of decreasing activation energy.  SP_E_NOMEM,
+ * SP_E_INVALID when no damping makes it positive definite. */
+sp_status sp_gptq_init(const double *h, int64_t n_full, const float *col_mul, const uint32_t *cols, int64_t n,
+                       int64_t block, struct sp_gptq **out);
+void sp_gptq_free(struct sp_gptq *g);
+
+/* Quantize n_rows rows of w (n floats each, n = the factor's size) into
+ * native type t at dst (n_rows * row_bytes): block scales from
+ * sp_quantize_rows with importance imp (or NULL), values rounded with error
+ * feedback.  w is overwritten with the values the rows now hold.  work:
+ * scratch of 3 n + 128 floats.  *n_regrid counts blocks whose re-encoding
+ * moved off the grid the feedback assumed (expected 0).  Thread-safe for
+ * disjoint rows and scratch. */
+sp_status sp_gptq_rows(const struct sp_gptq *g, uint32_t t, float *w, int64_t n_rows, const float *imp, void *dst,
+                       float *work, int64_t *n_regrid);
+
+/* ---- activation-aware channel scaling (scale.c) ----------------------------
+ * Per tensor, multipliers for its input channels (col, source ne[0]) and its
+ * rows (row, source ne[1]; for a 1-D tensor col holds its elements), NULL =
+ * all ones.  Applying them leaves the model's function unchanged: every
+ * column scale is divided out of the operation that produces the input. */
+
+struct sp_scale_plan {
+    uint32_t n_tensors;
+    float **col;        /* (n_tensors) */
+    float **row;        /* (n_tensors) */
+    int32_t n_scaled;   /* groups that got a scaling */
+    double alpha_sum;   /* sum of their exponents (reporting) */
+};
+
+/* Choose the scalings from calibration c for the planned tensor types
+ * (types[i] for tensor i of m's file).  Groups without statistics, with no
+ * quantized tensor, or whose best exponent is 0 stay unscaled.  MoE models
+ * get an empty plan.  SP_E_NOMEM, SP_E_IO. */
+sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, const uint32_t *types,
+                              struct sp_scale_plan **out);
+void sp_scale_plan_free(struct sp_scale_plan *p);
+
+/* ---- reading the input (quantize.c) ---------------------------------------- */
+
+/* Rows [row0, row0 + n) of tensor t (rows of ne[0] elements over all higher
+ * dimensions) as floats into dst (n * ne[0]), through m's pager.  t has a
+ * type with to_float and whole blocks per row.  SP_E_IO from the pager. */
+sp_status sp_qread_rows(struct sp_model *m, const struct sp_tensor_desc *t, int64_t row0, int64_t n, float *dst);
+
+#endif /* SP_QUANTIZE_H */

@@ -1,0 +1,860 @@
+/*
+ * test_native.c -- Sparrow's native block types (quant/native.h,
+ * docs/FORMAT.md): names and ids, the byte layout of every type against
+ * blocks packed here from the written spec, quantize -> dequantize error
+ * bounds per bit width, padded rows (n = 1, 33, 172, 200), E8M0 against FP16
+ * scales, importance weighting, the reference dot product against a float
+ * dot of the dequantized rows, the x8_b128 activations (per-32 runs,
+ * padding, sums, SIMD quantizer byte for byte), every SIMD vec_dot against the reference and
+ * every gemm against its vec_dot (bit for bit, no allocation), the model
+ * ops (sp_act_convert + sp_matmul) on padded rows, sp_quantize_rows for
+ * ggml types, and real weights: stories260K's F32 tensors quantized in
+ * memory.  Levels the CPU lacks are reported as skipped.
+ */
+#include "core/core.h"
+#include "core/cpu.h"
+#include "format/model_file.h"
+#include "model/ops.h"
+#include "quant/isa.h"
+#include "quant/native.h"
+#include "quant/quant.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- named thresholds -------------------------------------------------------
+ * Dot products: errors relative to M = sum |w_i x_i| over the dequantized
+ * values.  The reference and the SIMD kernels sum exact int32 block sums in
+ * float, in different orders, and the SIMD ones take the symmetric offset
+ * out of the block sum (sum u y - o sum y): a few float roundings of M.
+ * TOL_DOT_FLOAT: reference vec_dot against a double dot of the dequantized
+ *   weight and activation rows (checks the offset / min terms).
+ * TOL_MATMUL_FLOAT: sp_matmul against float weights x float activations:
+ *   the x8 rounding of the activations (|e| <= amax / 254 per element).
+ * Round-trip errors: relative RMS sqrt(sum (x - q)^2 / sum x^2) over
+ * standard-normal rows of 4096, bounds in rt_bound() (measured values
+ * printed; bounds ~15% above them). */
+#define TOL_DOT_SIMD 2e-6
+#define TOL_DOT_FLOAT 2e-6
+#define TOL_MATMUL_FLOAT 2e-2
+
+static void rng_seed(uint64_t s) {
+    *test_rng() = s * 0x9e3779b97f4a7c15ull + 1;
+}
+
+/* ---- the types ---------------------------------------------------------------- */
+
+struct ntype {
+    const char *name;
+    uint32_t id;
+    int bits, block;
+    bool asym, e8;
+};
+
+#define NT_ENTRY(nm, kind, blk, e8) \
+    {#nm, SP_NATIVE_ID(kind, blk, e8), SP_NATIVE_KIND_BITS(kind), 32 << (blk), SP_NATIVE_KIND_ASYM(kind), (e8)},
+static const struct ntype types[] = {SP_NATIVE_TYPES(NT_ENTRY)};
+#define N_TYPES ((int)SP_ARRAY_LEN(types))
+
+/* Bytes per block from the spec: scale (2, 1, or 4 for d + m) + planes. */
+static int spec_bytes(const struct ntype *t) {
+    return (t->asym ? 4 : t->e8 ? 1 : 2) + t->block * t->bits / 8;
+}
+
+/* ---- names, ids, sizes ------------------------------------------------------------ */
+
+static void test_names(void) {
+    CHECK(N_TYPES == 30);
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        CHECKF(sp_qtype_from_name(t->name) == (int32_t)t->id, "%s", t->name);
+        char up[32];
+        snprintf(up, sizeof up, "%s", t->name);
+        for (char *c = up; *c; c++) *c = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
+        CHECKF(sp_qtype_from_name(up) == (int32_t)t->id, "%s", up);
+        CHECKF(sp_qtype_is_native(t->id), "%s", t->name);
+        const struct sp_qtraits *r = sp_qtraits_ref(t->id), *g = sp_qtraits_get(t->id);
+        CHECKF(r && g && strcmp(sp_qtype_name(t->id), t->name) == 0, "%s", t->name);
+        if (!r || !g) continue;
+        CHECKF(r->block_elems == t->block && (int)r->block_bytes == spec_bytes(t), "%s: %lld elems %zu bytes", t->name,
+               (long long)r->block_elems, r->block_bytes);
+        CHECKF(g->vec_dot && g->to_float && g->from_float && g->vec_dot_type == (enum sp_qtype)SP_QTYPE_X8, "%s", t->name);
+        /* padded rows: ceil(n / block) blocks */
+        for (int64_t n = 0; n <= 300; n += 43) {
+            CHECKF(sp_qtype_row_bytes(t->id, n) == (size_t)((n + t->block - 1) / t->block * spec_bytes(t)), "%s n %lld",
+                   t->name, (long long)n);
+        }
+        const struct sp_native_layout *L = sp_native_layout(t->id);
+        CHECKF(L && L->bits == t->bits && L->block == t->block && L->asym == t->asym && L->e8 == t->e8, "%s layout",
+               t->name);
+    }
+    /* the ids of docs/FORMAT.md, spelled out */
+    CHECK(sp_qtype_from_name("i3_b32") == 1024 && sp_qtype_from_name("i3_b64_e8") == 1027);
+    CHECK(sp_qtype_from_name("i4_b32") == 1032 && sp_qtype_from_name("i4_b128_e8") == 1037);
+    CHECK(sp_qtype_from_name("i6_b64") == 1042 && sp_qtype_from_name("i8_b128") == 1052);
+    CHECK(sp_qtype_from_name("i3a_b64") == 1058 && sp_qtype_from_name("i4a_b128") == 1068);
+    CHECK(sp_qtype_from_name("x8_b128") == 1151 && sp_qtype_is_native(1151));
+    CHECK(sp_qtype_row_bytes(sp_qtype_from_name("i4_b32"), 172) == 6 * 18);
+    CHECK(sp_qtype_row_bytes(sp_qtype_from_name("i3_b64"), 172) == 3 * 26);
+    CHECK(sp_qtype_row_bytes(SP_QTYPE_X8, 172) == 2 * 160);
+    /* ggml names, any case; ggml rows still need whole blocks */
+    CHECK(sp_qtype_from_name("F32") == SP_QTYPE_F32 && sp_qtype_from_name("bf16") == SP_QTYPE_BF16);
+    CHECK(sp_qtype_from_name("q4_0") == SP_QTYPE_Q4_0 && sp_qtype_from_name("Q6_K") == SP_QTYPE_Q6_K);
+    CHECK(sp_qtype_row_bytes(SP_QTYPE_Q4_0, 172) == 0 && sp_qtype_row_bytes(SP_QTYPE_Q4_0, 160) == 5 * 18);
+    static const char *const bad[] = {"", "i4", "i5_b32", "i4_b16", "i4_b256", "i4_b32_e9", "i3a_b32_e8", "i4a_b64_e8",
+                                      "i4_b32 ", " i4_b32", "i4_b32_e8x", "q4_0x", "Q4_2", "x8", "i8a_b32", "F64"};
+    for (size_t i = 0; i < SP_ARRAY_LEN(bad); i++) CHECKF(sp_qtype_from_name(bad[i]) == -1, "'%s'", bad[i]);
+    CHECK(sp_qtype_from_name(NULL) == -1);
+    /* holes in the id range are not types */
+    static const uint32_t holes[] = {1030, 1031, 1057, 1059, 1061, 1069, 1072, 1150, 1152, 1023, 31, 4};
+    for (size_t i = 0; i < SP_ARRAY_LEN(holes); i++) {
+        CHECKF(!sp_qtype_is_native(holes[i]) && !sp_qtraits_get(holes[i]) && !sp_native_layout(holes[i]) &&
+                   sp_qtype_row_bytes(holes[i], 64) == 0,
+               "id %u", holes[i]);
+    }
+    CHECK(!sp_qtype_is_native(SP_QTYPE_Q4_0) && !sp_native_layout(SP_QTYPE_X8));
+}
+
+/* ---- byte layout against the spec --------------------------------------------------
+ * pack_spec() writes a block from docs/FORMAT.md's words: a w-bit plane of
+ * P = block * w / 8 bytes holds element k P + j in bits [w k, w k + w) of
+ * byte j; INT3 = 2-bit plane + 1-bit plane, INT6 = 4-bit + 2-bit, INT8 =
+ * bytes; the scale (fp16 d | E8M0 byte | fp16 d, fp16 m) comes first. */
+
+static void plane_put(uint8_t *p, int w, int B, int i, unsigned v) {
+    const int P = B * w / 8;
+    p[i % P] |= (uint8_t)(v << (w * (i / P)));
+}
+
+static void pack_spec(const struct ntype *t, const unsigned *u, uint8_t *blk) {
+    const int B = t->block, head = t->asym ? 4 : t->e8 ? 1 : 2;
+    memset(blk + head, 0, (size_t)(B * t->bits / 8));
+    uint8_t *p = blk + head;
+    for (int i = 0; i < B; i++) {
+        switch (t->bits) {
+        case 3:
+            plane_put(p, 2, B, i, u[i] & 3);
+            plane_put(p + B / 4, 1, B, i, u[i] >> 2);
+            break;
+        case 4: plane_put(p, 4, B, i, u[i]); break;
+        case 6:
+            plane_put(p, 4, B, i, u[i] & 15);
+            plane_put(p + B / 2, 2, B, i, u[i] >> 4);
+            break;
+        default: p[i] = (uint8_t)u[i]; break;
+        }
+    }
+}
+
+static void test_layouts(void) {
+    uint8_t blk[256];
+    unsigned u[128];
+    float out[128];
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        const unsigned umask = (1u << t->bits) - 1;
+        for (int i = 0; i < t->block; i++) u[i] = ((unsigned)i * 5u + 3u + (unsigned)(i / 7)) & umask;
+        memset(blk, 0, sizeof blk);
+        float d = 0.5f, m = 0;
+        if (t->e8) {
+            blk[0] = 126; /* 2^-1 */
+        } else {
+            const uint16_t h = sp_fp32_to_fp16(d);
+            memcpy(blk, &h, 2);
+        }
+        if (t->asym) {
+            m = -1.25f;
+            const uint16_t h = sp_fp32_to_fp16(m);
+            memcpy(blk + 2, &h, 2);
+        }
+        pack_spec(t, u, blk);
+        sp_qtraits_ref(t->id)->to_float(blk, out, t->block);
+        int bad = 0;
+        for (int i = 0; i < t->block; i++) {
+            const float q = t->asym ? (float)u[i] : t->bits == 8 ? (float)(int8_t)u[i] : (float)u[i] - (float)(1 << (t->bits - 1));
+            const float want = t->asym ? d * q + m : d * q;
+            if (out[i] != want && bad++ < 2) fprintf(stderr, "%s element %d: %g, spec %g\n", t->name, i, out[i], want);
+        }
+        CHECKF(bad == 0, "%s: to_float disagrees with the spec layout", t->name);
+    }
+    /* a few bytes written out by hand */
+    const struct ntype *i4 = &types[6], *i3 = &types[2];
+    CHECK(i4->id == SP_NATIVE_ID(SP_NK_I4, 0, 0) && i3->id == SP_NATIVE_ID(SP_NK_I3, 1, 0));
+    for (int i = 0; i < 64; i++) u[i] = (unsigned)i & 15;
+    pack_spec(i4, u, blk); /* i4_b32: byte 2 + j = u[j] | u[j + 16] << 4 */
+    CHECK(blk[2] == 0x00 && blk[3] == 0x11 && blk[17] == 0xff);
+    for (int i = 0; i < 64; i++) u[i] = (unsigned)(i >> 4); /* i3_b64: u = 0,..,0 (16), 1.. (16), 2.., 3.. */
+    pack_spec(i3, u, blk); /* 2-bit plane: byte j = 0 | 1 << 2 | 2 << 4 | 3 << 6 = 0xe4; 1-bit plane zero */
+    CHECK(blk[2] == 0xe4 && blk[17] == 0xe4 && blk[18] == 0 && blk[25] == 0);
+    /* E8M0: the float with bits e << 23 */
+    CHECK(sp_e8m0_to_fp32(127) == 1.0f && sp_e8m0_to_fp32(130) == 8.0f && sp_e8m0_to_fp32(1) == ldexpf(1.0f, -126));
+    CHECK(sp_e8m0_to_fp32(0) == 0.0f && isinf(sp_e8m0_to_fp32(255)));
+}
+
+/* ---- round trips --------------------------------------------------------------------- */
+
+/* Relative RMS error bound of type t on standard-normal rows (measured value
+ * + ~15%; printed by test_roundtrip). */
+static double rt_bound(const struct ntype *t) {
+    /* [bits][blk], FP16 scale; E8M0 and asymmetric below */
+    static const double sym[4][3] = {{0.205, 0.22, 0.235}, {0.096, 0.104, 0.112}, {0.0235, 0.0255, 0.0275}, {0.0059, 0.0064, 0.0069}};
+    static const double e8[4][3] = {{0.24, 0.25, 0.255}, {0.133, 0.144, 0.152}, {0.037, 0.040, 0.042}, {0.0095, 0.0103, 0.0106}};
+    static const double asym[2][3] = {{0.175, 0.195, 0.21}, {0.083, 0.091, 0.098}};
+    const int bi = t->bits == 3 ? 0 : t->bits == 4 ? 1 : t->bits == 6 ? 2 : 3;
+    const int li = t->block == 32 ? 0 : t->block == 64 ? 1 : 2;
+    if (t->asym) return asym[bi][li];
+    return t->e8 ? e8[bi][li] : sym[bi][li];
+}
+
+/* sum (x - q)^2 and sum x^2 of n_rows rows quantized to t (imp may be NULL). */
+static void rt_error(uint32_t t, const float *x, int64_t n_rows, int64_t n, const float *imp, const float *wimp,
+                     double *err, double *ref) {
+    const size_t rb = sp_qtype_row_bytes(t, n);
+    uint8_t *q = malloc(rb * (size_t)n_rows);
+    float *y = malloc((size_t)n * sizeof *y);
+    CHECK(sp_quantize_rows(t, x, n_rows, n, imp, q) == SP_OK);
+    *err = *ref = 0;
+    for (int64_t r = 0; r < n_rows; r++) {
+        sp_qtraits_ref(t)->to_float(q + (size_t)r * rb, y, n);
+        for (int64_t i = 0; i < n; i++) {
+            const double e = (double)x[r * n + i] - y[i], w = wimp ? wimp[i] : 1.0;
+            *err += w * e * e;
+            *ref += w * (double)x[r * n + i] * x[r * n + i];
+        }
+    }
+    free(q);
+    free(y);
+}
+
+static void test_roundtrip(void) {
+    const int64_t n = 4096, rows = 16;
+    float *x = malloc((size_t)(n * rows) * sizeof *x);
+    rng_seed(11);
+    for (int64_t i = 0; i < n * rows; i++) x[i] = rng_normal();
+    printf("round trip, standard-normal rows of %lld: relative RMS error (bound)\n", (long long)n);
+    double fp16_err[4][3] = {{0}};
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        double e, s;
+        rt_error(t->id, x, rows, n, NULL, NULL, &e, &s);
+        const double rel = sqrt(e / s), bpw = 8.0 * spec_bytes(t) / t->block;
+        printf("  %-11s %6.4f bpw  rel RMS %.4f  (<= %.4f)\n", t->name, bpw, rel, rt_bound(t));
+        CHECKF(rel <= rt_bound(t), "%s: rel RMS %.4f > %.4f", t->name, rel, rt_bound(t));
+        const int bi = t->bits == 3 ? 0 : t->bits == 4 ? 1 : t->bits == 6 ? 2 : 3, li = t->block / 64;
+        if (!t->asym && !t->e8) fp16_err[bi][li] = rel;
+        /* E8M0 costs accuracy (the step is rounded up to a power of two): at
+         * most 1.75x FP16's error at the same bits and block */
+        if (t->e8) CHECKF(rel > fp16_err[bi][li] && rel < 1.75 * fp16_err[bi][li], "%s vs fp16 %.4f", t->name, fp16_err[bi][li]);
+        /* asymmetric INT3 beats symmetric INT3 on the same block */
+        if (t->asym && t->bits == 3) CHECKF(rel < fp16_err[0][li], "%s vs i3 %.4f", t->name, fp16_err[0][li]);
+        /* deterministic: the same bytes twice */
+        const size_t rb = sp_qtype_row_bytes(t->id, n);
+        uint8_t *a = malloc(rb * 2), *b = malloc(rb * 2);
+        sp_quantize_rows(t->id, x, 2, n, NULL, a);
+        sp_quantize_rows(t->id, x, 2, n, NULL, b);
+        CHECKF(memcmp(a, b, rb * 2) == 0, "%s: quantizer not deterministic", t->name);
+        /* from_float is the unweighted quantizer */
+        sp_qtraits_ref(t->id)->from_float(x, b, n);
+        CHECKF(memcmp(a, b, rb) == 0, "%s: from_float differs from sp_quantize_rows", t->name);
+        free(a);
+        free(b);
+    }
+    free(x);
+}
+
+/* Rows of n that do not fill their last block: sizes, no writes past the
+ * row, to_float writes exactly n values, and error within bounds. */
+static void test_padded(void) {
+    static const int64_t sizes[] = {1, 33, 172, 200};
+    for (size_t si = 0; si < SP_ARRAY_LEN(sizes); si++) {
+        const int64_t n = sizes[si], rows = 5;
+        float *x = malloc((size_t)(n * rows) * sizeof *x), *y = malloc((size_t)(n + 8) * sizeof *y);
+        rng_seed(100 + (uint64_t)n);
+        for (int64_t i = 0; i < n * rows; i++) x[i] = rng_normal();
+        for (int k = 0; k < N_TYPES; k++) {
+            const struct ntype *t = &types[k];
+            const size_t rb = sp_qtype_row_bytes(t->id, n);
+            CHECK(rb == (size_t)((n + t->block - 1) / t->block * spec_bytes(t)));
+            uint8_t *q = malloc(rb * (size_t)rows + 64);
+            memset(q, 0xa5, rb * (size_t)rows + 64);
+            CHECK(sp_quantize_rows(t->id, x, rows, n, NULL, q) == SP_OK);
+            bool intact = true;
+            for (int i = 0; i < 64; i++) intact &= q[rb * (size_t)rows + (size_t)i] == 0xa5;
+            CHECKF(intact, "%s n %lld: wrote past the rows", t->name, (long long)n);
+            double e = 0, s = 0;
+            for (int64_t r = 0; r < rows; r++) {
+                for (int i = 0; i < 8; i++) y[n + i] = 1234.5f;
+                sp_qtraits_ref(t->id)->to_float(q + (size_t)r * rb, y, n);
+                for (int i = 0; i < 8; i++) intact &= y[n + i] == 1234.5f;
+                for (int64_t i = 0; i < n; i++) {
+                    e += (double)(x[r * n + i] - y[i]) * (x[r * n + i] - y[i]);
+                    s += (double)x[r * n + i] * x[r * n + i];
+                }
+            }
+            CHECKF(intact, "%s n %lld: to_float wrote past n", t->name, (long long)n);
+            /* short rows have fewer values per scale: the 4096 bound + 25% */
+            CHECKF(sqrt(e / s) <= 1.25 * rt_bound(t), "%s n %lld: rel RMS %.4f", t->name, (long long)n, sqrt(e / s));
+            free(q);
+        }
+        free(x);
+        free(y);
+    }
+}
+
+/* E8M0 blocks hold powers of two; the quantizer picks the best of its
+ * candidates, so it is never worse than the plain rule 2^ceil(log2(amax/qmax)). */
+static void test_e8m0(void) {
+    const int64_t n = 4096;
+    float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
+    rng_seed(5);
+    for (int64_t i = 0; i < n; i++) x[i] = rng_normal() * (float)exp(rng_normal());
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        if (!t->e8) continue;
+        const size_t rb = sp_qtype_row_bytes(t->id, n);
+        uint8_t *q = malloc(rb);
+        sp_quantize_rows(t->id, x, 1, n, NULL, q);
+        sp_qtraits_ref(t->id)->to_float(q, y, n);
+        const int qmax = (1 << (t->bits - 1)) - 1, spb = spec_bytes(t);
+        double e = 0, e_plain = 0;
+        bool ok = true;
+        for (int64_t b = 0; b < n / t->block; b++) {
+            const uint8_t eb = q[(size_t)b * (size_t)spb];
+            ok &= eb >= 1 && eb <= 254;
+            float amax = 0;
+            for (int i = 0; i < t->block; i++) amax = fmaxf(amax, fabsf(x[b * t->block + i]));
+            const float d = ldexpf(1.0f, (int)ceilf(log2f(amax / (float)qmax)));
+            for (int i = 0; i < t->block; i++) {
+                const float v = x[b * t->block + i];
+                const float qv = fminf(fmaxf(rintf(v / d), (float)(-qmax - 1)), (float)qmax);
+                e_plain += (double)(v - d * qv) * (v - d * qv);
+                e += (double)(v - y[b * t->block + i]) * (v - y[b * t->block + i]);
+                /* every value is a signed multiple of the block's power of two */
+                const float r = y[b * t->block + i] / sp_e8m0_to_fp32(eb);
+                ok &= r == rintf(r) && r >= (float)(-qmax - 1) && r <= (float)qmax;
+            }
+        }
+        CHECKF(ok, "%s: scale bytes or values off the E8M0 grid", t->name);
+        CHECKF(e <= e_plain, "%s: error %.4g above the plain power-of-two rule %.4g", t->name, e, e_plain);
+        free(q);
+    }
+    free(x);
+    free(y);
+}
+
+/* Importance: with imp, the imp-weighted error must drop against the
+ * unweighted fit, for every type (rows of 256, a log-normal importance
+ * vector spanning ~3 decades). */
+static void test_importance(void) {
+    const int64_t n = 256, rows = 64;
+    float *x = malloc((size_t)(n * rows) * sizeof *x), *imp = malloc((size_t)n * sizeof *imp);
+    rng_seed(77);
+    for (int64_t i = 0; i < n * rows; i++) x[i] = rng_normal();
+    for (int64_t i = 0; i < n; i++) imp[i] = (float)exp(2.0 * rng_normal());
+    printf("importance-weighted error, weighted fit / plain fit:\n ");
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        double ew, eu, s;
+        rt_error(t->id, x, rows, n, imp, imp, &ew, &s);
+        rt_error(t->id, x, rows, n, NULL, imp, &eu, &s);
+        printf(" %s %.3f", t->name, ew / eu);
+        CHECKF(ew < eu, "%s: weighted fit %.4g not below plain fit %.4g", t->name, ew, eu);
+    }
+    printf("\n");
+    /* all-zero importance is the plain fit; NULL == all ones */
+    float *zero = calloc((size_t)n, sizeof *zero), *ones = malloc((size_t)n * sizeof *ones);
+    for (int64_t i = 0; i < n; i++) ones[i] = 1.0f;
+    const uint32_t t = types[8].id;
+    const size_t rb = sp_qtype_row_bytes(t, n);
+    uint8_t *a = malloc(rb * 4), *b = malloc(rb * 4), *c = malloc(rb * 4);
+    sp_quantize_rows(t, x, 4, n, NULL, a);
+    sp_quantize_rows(t, x, 4, n, zero, b);
+    sp_quantize_rows(t, x, 4, n, ones, c);
+    CHECK(memcmp(a, b, rb * 4) == 0 && memcmp(a, c, rb * 4) == 0);
+    free(a);
+    free(b);
+    free(c);
+    free(zero);
+    free(ones);
+    free(x);
+    free(imp);
+}
+
+/* ---- x8_b128 activations and the reference dot ------------------------------------ */
+
+static void test_x8(void) {
+    const struct sp_qtraits *xt = sp_qtraits_ref(SP_QTYPE_X8);
+    static const int64_t sizes[] = {1, 33, 128, 172, 200, 4096};
+    for (size_t si = 0; si < SP_ARRAY_LEN(sizes); si++) {
+        const int64_t n = sizes[si], nr = (n + 127) / 128 * 4; /* runs: whole 128-blocks */
+        float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
+        struct sp_x8_run *b = malloc((size_t)nr * sizeof *b + 64);
+        CHECK(sp_qtype_row_bytes(SP_QTYPE_X8, n) == (size_t)nr * sizeof *b);
+        rng_seed(3 + (uint64_t)n);
+        for (int64_t i = 0; i < n; i++) x[i] = rng_normal();
+        memset(b, 0x77, (size_t)nr * sizeof *b + 64);
+        xt->from_float(x, b, n);
+        xt->to_float(b, y, n);
+        bool ok = true;
+        for (int64_t k = 0; k < nr; k++) {
+            int s = 0;
+            float amax = 0;
+            for (int i = 0; i < 32; i++) {
+                ok &= k * 32 + i < n || b[k].qs[i] == 0; /* padding is zero */
+                ok &= b[k].qs[i] >= -127;
+                s += b[k].qs[i];
+                if (k * 32 + i < n) amax = fmaxf(amax, fabsf(x[k * 32 + i]));
+            }
+            ok &= b[k].s == b[k].d * (float)s && b[k].d == amax / 127.0f;
+        }
+        for (int i = 0; i < 64; i++) ok &= ((uint8_t *)(b + nr))[i] == 0x77;
+        for (int64_t i = 0; i < n; i++) ok &= fabsf(x[i] - y[i]) <= b[i / 32].d * 0.5f * 1.0001f;
+        CHECKF(ok, "x8_b128 n %lld: padding, sums, rounding, or a write past the row", (long long)n);
+        free(x);
+        free(y);
+        free(b);
+    }
+}
+
+/* Reference vec_dot against a double dot of the dequantized rows, for
+ * random quantized rows (random codes, random scales: not just what the
+ * quantizer makes) and padded lengths. */
+static void random_row(const struct ntype *t, uint8_t *w, int64_t n) {
+    const int spb = spec_bytes(t);
+    const int64_t nb = (n + t->block - 1) / t->block;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *p = w + b * spb;
+        for (int i = 0; i < spb; i++) p[i] = (uint8_t)rng_u64();
+        if (t->e8) {
+            p[0] = (uint8_t)(120 + rng_u64() % 8);
+        } else {
+            const uint16_t h = sp_fp32_to_fp16((float)((rng_unit() - 0.5) * 0.02));
+            memcpy(p, &h, 2);
+        }
+        if (t->asym) {
+            const uint16_t h = sp_fp32_to_fp16((float)((rng_unit() - 0.7) * 0.1));
+            memcpy(p + 2, &h, 2);
+        }
+    }
+}
+
+/* The dot of the dequantized rows in double; *mag = the scale its rounding
+ * errors are measured against: sum |w_i x_i| plus, per block, |c| sum |x_i|
+ * with c the block's min (asymmetric) or offset times scale (symmetric INT3
+ * to INT6), which kernels may take out of the block sum separately. */
+static double dot_float(const struct ntype *t, const uint8_t *w, const void *x, int64_t n, float *fa, float *fb,
+                        double *mag) {
+    sp_qtraits_ref(t->id)->to_float(w, fa, n);
+    sp_qtraits_ref(SP_QTYPE_X8)->to_float(x, fb, n);
+    double s = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *p = w + (i / t->block) * spec_bytes(t);
+        uint16_t h;
+        memcpy(&h, t->asym ? p + 2 : p, 2);
+        const double d = t->e8 ? sp_e8m0_to_fp32(p[0]) : sp_fp16_to_fp32(h);
+        const double c = t->asym ? fabs(d) : t->bits == 8 ? 0 : fabs(d) * (1 << (t->bits - 1));
+        s += (double)fa[i] * fb[i];
+        m += fabs((double)fa[i] * fb[i]) + c * fabs((double)fb[i]);
+    }
+    *mag = m > 0 ? m : 1;
+    return s;
+}
+
+static const int64_t dot_sizes[] = {1, 31, 32, 33, 64, 100, 127, 128, 129, 172, 200, 256, 4096, 11008};
+
+static void test_ref_dot(void) {
+    const int64_t nmax = 11008;
+    uint8_t *w = malloc((size_t)nmax * 2), *xq = malloc((size_t)nmax * 2);
+    float *xf = malloc((size_t)nmax * sizeof *xf), *fa = malloc((size_t)nmax * 4), *fb = malloc((size_t)nmax * 4);
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        double worst = 0;
+        for (size_t si = 0; si < SP_ARRAY_LEN(dot_sizes); si++) {
+            const int64_t n = dot_sizes[si];
+            rng_seed(31 * (uint64_t)n + (uint64_t)k);
+            random_row(t, w, n);
+            for (int64_t i = 0; i < n; i++) xf[i] = rng_normal() + 0.5f; /* a mean: the offset terms matter */
+            sp_qtraits_ref(SP_QTYPE_X8)->from_float(xf, xq, n);
+            float s;
+            sp_qtraits_ref(t->id)->vec_dot(n, &s, w, xq);
+            double mag;
+            const double want = dot_float(t, w, xq, n, fa, fb, &mag);
+            worst = fmax(worst, fabs(s - want) / mag);
+        }
+        CHECKF(worst <= TOL_DOT_FLOAT, "%s: reference vec_dot vs float dot, rel %.3g", t->name, worst);
+    }
+    free(w);
+    free(xq);
+    free(xf);
+    free(fa);
+    free(fb);
+}
+
+/* ---- SIMD levels ------------------------------------------------------------------- */
+
+struct level {
+    const char *name;
+    bool have;
+    struct sp_qtraits ntab[SP_QTYPE_NATIVE_COUNT];
+};
+
+static int n_levels;
+static struct level levels[3];
+
+static void ref_copy(struct sp_qtraits *ntab) {
+    memset(ntab, 0, sizeof(struct sp_qtraits) * SP_QTYPE_NATIVE_COUNT);
+    for (uint32_t i = 0; i < SP_QTYPE_NATIVE_COUNT; i++) {
+        const struct sp_qtraits *r = sp_qtraits_ref(SP_QTYPE_NATIVE_FIRST + i);
+        if (r) ntab[i] = *r;
+    }
+}
+
+static void setup_levels(void) {
+#if defined(__x86_64__)
+    const struct sp_cpu_features *f = sp_cpu_features();
+    struct level *l = &levels[n_levels++];
+    l->name = "avx2";
+    l->have = f->avx2 && f->fma && f->f16c;
+    ref_copy(l->ntab);
+    if (l->have) sp_quant_register_native_avx2(l->ntab, f);
+    l = &levels[n_levels++];
+    l->name = "avx512";
+    l->have = f->avx512f && f->avx512bw && f->avx512vl && f->avx512vnni && f->fma && f->f16c;
+#if defined(SP_TEST_EMULATED_AVX512)
+    static struct sp_cpu_features all;
+    all = *f;
+    all.avx512f = all.avx512bw = all.avx512vl = all.avx512vnni = all.avx512bf16 = all.fma = all.f16c = true;
+    f = &all;
+    l->name = "avx512(emulated)";
+    l->have = true;
+    levels[0].have = false;
+#endif
+    ref_copy(l->ntab);
+    if (l->have) sp_quant_register_native_avx512(l->ntab, f);
+#elif defined(__aarch64__)
+    const struct sp_cpu_features *f = sp_cpu_features();
+    struct sp_cpu_features plain = *f;
+    plain.dotprod = false;
+    struct level *l = &levels[n_levels++];
+    l->name = "neon";
+    l->have = f->neon;
+    ref_copy(l->ntab);
+    if (l->have) sp_quant_register_native_neon(l->ntab, &plain);
+    l = &levels[n_levels++];
+    l->name = "dotprod";
+    l->have = f->neon && f->dotprod;
+    ref_copy(l->ntab);
+    if (l->have) sp_quant_register_native_neon(l->ntab, f);
+#endif
+    for (int i = 0; i < n_levels; i++) {
+        printf("level %-16s %s\n", levels[i].name, levels[i].have ? "tested" : "skipped (CPU lacks it, or tested by another binary)");
+    }
+}
+
+static const struct sp_qtraits *lvl(const struct level *l, uint32_t t) {
+    return &l->ntab[t - SP_QTYPE_NATIVE_FIRST];
+}
+
+/* Activation patterns for the x8 quantizer: normals, ties, zero blocks,
+ * tiny values, raw bit patterns (inf, NaN). */
+static void rand_act(float *x, int64_t n, int kind) {
+    for (int64_t i = 0; i < n; i++) x[i] = rng_normal() * (float)exp(rng_normal() * 2);
+    for (int64_t i = 0; i < n; i++) {
+        switch (kind) {
+        case 1: x[i] = (float)((int)(rng_u64() % 254) - 127) + 0.5f; break;
+        case 2: if ((i / 32) % 2 == 0) x[i] = 0; break;
+        case 3: x[i] *= 1e-38f; break;
+        case 4: {
+            const uint32_t u = (uint32_t)rng_u64();
+            memcpy(&x[i], &u, 4);
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+static void test_simd_x8(const struct level *l) {
+    const struct sp_qtraits *ref = sp_qtraits_ref(SP_QTYPE_X8), *got = lvl(l, SP_QTYPE_X8);
+    static const int64_t sizes[] = {1, 5, 31, 32, 33, 127, 172, 200, 4096, 65536 + 77};
+    const int64_t nmax = 65536 + 77;
+    float *x = malloc((size_t)nmax * sizeof *x);
+    uint8_t *a = malloc((size_t)nmax * 2), *b = malloc((size_t)nmax * 2);
+    int bad = 0;
+    for (size_t si = 0; si < SP_ARRAY_LEN(sizes); si++) {
+        for (int kind = 0; kind < 5; kind++) {
+            const int64_t n = sizes[si];
+            rng_seed(9000 + (uint64_t)n * 7 + (uint64_t)kind);
+            rand_act(x, n, kind);
+            const size_t bytes = sp_qtype_row_bytes(SP_QTYPE_X8, n);
+            memset(a, 0x55, bytes);
+            memset(b, 0xaa, bytes);
+            ref->from_float(x, a, n);
+            got->from_float(x, b, n);
+            if (memcmp(a, b, bytes) != 0 && bad++ < 3) {
+                size_t i = 0;
+                while (a[i] == b[i]) i++;
+                fprintf(stderr, "%s x8 from_float n %lld kind %d: byte %zu (ref %02x, got %02x)\n", l->name,
+                        (long long)n, kind, i, a[i], b[i]);
+            }
+        }
+    }
+    CHECKF(bad == 0, "%s x8_b128 from_float not bit-identical (%d runs)", l->name, bad);
+    free(x);
+    free(a);
+    free(b);
+}
+
+static void test_simd_dot(const struct level *l) {
+    const int64_t nmax = 11008;
+    uint8_t *w = malloc((size_t)nmax * 2), *xq = malloc((size_t)nmax * 2);
+    float *xf = malloc((size_t)nmax * sizeof *xf), *fa = malloc((size_t)nmax * 4), *fb = malloc((size_t)nmax * 4);
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        const struct sp_qtraits *ref = sp_qtraits_ref(t->id), *got = lvl(l, t->id);
+        double worst = 0;
+        int exact = 0, runs = 0;
+        for (size_t si = 0; si < SP_ARRAY_LEN(dot_sizes); si++) {
+            for (uint64_t seed = 1; seed <= 2; seed++) {
+                const int64_t n = dot_sizes[si];
+                rng_seed(seed * 7919 + (uint64_t)n + 1000 * (uint64_t)k);
+                random_row(t, w, n);
+                for (int64_t i = 0; i < n; i++) xf[i] = rng_normal() + (seed == 2 ? 1.0f : 0.0f);
+                sp_qtraits_ref(SP_QTYPE_X8)->from_float(xf, xq, n);
+                float s_ref = 0, s_got = 0;
+                ref->vec_dot(n, &s_ref, w, xq);
+                got->vec_dot(n, &s_got, w, xq);
+                double mag;
+                (void)dot_float(t, w, xq, n, fa, fb, &mag);
+                const double err = fabs((double)s_got - s_ref) / mag;
+                worst = fmax(worst, err);
+                exact += s_got == s_ref;
+                runs++;
+                CHECKF(err <= TOL_DOT_SIMD, "%s %s vec_dot n %lld: ref %.9g got %.9g (rel %.3g)", l->name, t->name,
+                       (long long)n, s_ref, s_got, err);
+            }
+        }
+        printf("  %-8s %-11s vec_dot worst rel err %.2e%s\n", l->name, t->name, worst,
+               exact == runs ? " (bit-exact)" : "");
+    }
+    free(w);
+    free(xq);
+    free(xf);
+    free(fa);
+    free(fb);
+}
+
+/* gemm against the same level's vec_dot: every (row, token) bit for bit,
+ * nothing written outside the output, no allocation. */
+static void test_simd_gemm(const struct level *l) {
+    static const int64_t toks[] = {1, 2, 3, 4, 5, 7, 9}, rows[] = {1, 3, 6};
+    static const int64_t sizes[] = {33, 172, 4096 + 64};
+    const int64_t max_rows = 6, max_tok = 9, ldy = max_rows + 2;
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        const struct sp_qtraits *tr = lvl(l, t->id);
+        if (!tr->gemm) continue;
+        int bad = 0;
+        for (size_t si = 0; si < SP_ARRAY_LEN(sizes); si++) {
+            const int64_t n = sizes[si];
+            const size_t wrb = sp_qtype_row_bytes(t->id, n), xrb = sp_qtype_row_bytes(SP_QTYPE_X8, n);
+            const size_t ws = wrb + 7, xs = xrb + 12;
+            uint8_t *w = calloc((size_t)max_rows, ws), *x = calloc((size_t)max_tok, xs);
+            float *xf = malloc((size_t)n * sizeof *xf), *y = malloc((size_t)(max_tok * ldy) * sizeof *y);
+            rng_seed(4242 + (uint64_t)k + (uint64_t)n);
+            for (int64_t r = 0; r < max_rows; r++) random_row(t, w + (size_t)r * ws, n);
+            for (int64_t i = 0; i < max_tok; i++) {
+                for (int64_t j = 0; j < n; j++) xf[j] = rng_normal();
+                sp_qtraits_ref(SP_QTYPE_X8)->from_float(xf, x + (size_t)i * xs, n);
+            }
+            for (size_t ri = 0; ri < SP_ARRAY_LEN(rows); ri++) {
+                for (size_t ti = 0; ti < SP_ARRAY_LEN(toks); ti++) {
+                    const int64_t nr = rows[ri], nt = toks[ti];
+                    for (int64_t i = 0; i < max_tok * ldy; i++) y[i] = -12345.0f;
+                    const uint64_t allocs = sp_alloc_count();
+                    tr->gemm(n, w, ws, nr, x, xs, nt, y, ldy);
+                    CHECKF(sp_alloc_count() == allocs, "%s %s gemm allocated", l->name, t->name);
+                    for (int64_t i = 0; i < max_tok; i++) {
+                        for (int64_t r = 0; r < ldy; r++) {
+                            const float v = y[i * ldy + r];
+                            if (i >= nt || r >= nr) {
+                                bad += v != -12345.0f;
+                                continue;
+                            }
+                            float s = 0;
+                            tr->vec_dot(n, &s, w + (size_t)r * ws, x + (size_t)i * xs);
+                            if (v != s && bad++ < 3) {
+                                fprintf(stderr, "%s %s gemm n %lld rows %lld tok %lld: y[%lld][%lld] %.9g vs %.9g\n",
+                                        l->name, t->name, (long long)n, (long long)nr, (long long)nt, (long long)i,
+                                        (long long)r, v, s);
+                            }
+                        }
+                    }
+                }
+            }
+            free(w);
+            free(x);
+            free(xf);
+            free(y);
+        }
+        CHECKF(bad == 0, "%s %s gemm: %d values differ from vec_dot or were written outside", l->name, t->name, bad);
+    }
+}
+
+/* ---- the model's ops on padded rows ------------------------------------------------ */
+
+static void test_matmul(void) {
+    static const int64_t sizes[] = {172, 200, 33};
+    const int64_t n_rows = 20, n_tok = 3;
+    for (size_t si = 0; si < SP_ARRAY_LEN(sizes); si++) {
+        const int64_t n = sizes[si];
+        float *wf = malloc((size_t)(n * n_rows) * sizeof *wf), *x = malloc((size_t)(n * n_tok) * sizeof *x);
+        float *wd = malloc((size_t)n * sizeof *wd), *y = malloc((size_t)(n_rows * n_tok) * sizeof *y);
+        rng_seed(600 + (uint64_t)n);
+        for (int64_t i = 0; i < n * n_rows; i++) wf[i] = rng_normal();
+        for (int64_t i = 0; i < n * n_tok; i++) x[i] = rng_normal();
+        const size_t act = sp_act_bytes(n, n_tok);
+        CHECK(act >= sp_qtype_row_bytes(SP_QTYPE_X8, n) * (size_t)n_tok);
+        uint8_t *buf = malloc(act);
+        for (int k = 0; k < N_TYPES; k += 3) {
+            const struct ntype *t = &types[k];
+            const size_t rb = sp_qtype_row_bytes(t->id, n);
+            uint8_t *w = malloc(rb * (size_t)n_rows);
+            sp_quantize_rows(t->id, wf, n_rows, n, NULL, w);
+            size_t stride;
+            const void *xc = sp_act_convert(t->id, x, n, n, n_tok, buf, &stride);
+            CHECK(stride == sp_qtype_row_bytes(SP_QTYPE_X8, n));
+            sp_matmul(NULL, t->id, w, n, n_rows, xc, stride, n_tok, y, n_rows);
+            double worst = 0;
+            for (int64_t r = 0; r < n_rows; r++) {
+                sp_qtraits_ref(t->id)->to_float(w + (size_t)r * rb, wd, n);
+                for (int64_t i = 0; i < n_tok; i++) {
+                    double s = 0, m = 0;
+                    for (int64_t j = 0; j < n; j++) {
+                        s += (double)wd[j] * x[i * n + j];
+                        m += fabs((double)wd[j] * x[i * n + j]);
+                    }
+                    worst = fmax(worst, fabs(y[i * n_rows + r] - s) / m);
+                }
+            }
+            CHECKF(worst <= TOL_MATMUL_FLOAT, "%s n %lld: sp_matmul vs float rel %.3g", t->name, (long long)n, worst);
+            free(w);
+        }
+        free(buf);
+        free(wf);
+        free(x);
+        free(wd);
+        free(y);
+    }
+}
+
+/* ---- sp_quantize_rows for ggml types ----------------------------------------------- */
+
+static void test_quantize_ggml(void) {
+    const int64_t n = 512;
+    float *x = malloc((size_t)(n * 2) * sizeof *x);
+    rng_seed(8);
+    for (int64_t i = 0; i < n * 2; i++) x[i] = rng_normal();
+    static const uint32_t ts[] = {SP_QTYPE_F32, SP_QTYPE_F16, SP_QTYPE_BF16, SP_QTYPE_Q4_0, SP_QTYPE_Q5_1,
+                                  SP_QTYPE_Q8_0, SP_QTYPE_Q4_K, SP_QTYPE_Q6_K};
+    for (size_t k = 0; k < SP_ARRAY_LEN(ts); k++) {
+        const size_t rb = sp_qtype_row_bytes(ts[k], n);
+        uint8_t *a = malloc(rb * 2), *b = malloc(rb * 2);
+        CHECK(sp_quantize_rows(ts[k], x, 2, n, NULL, a) == SP_OK);
+        sp_qtraits_ref(ts[k])->from_float(x, b, n);
+        sp_qtraits_ref(ts[k])->from_float(x + n, b + rb, n);
+        CHECKF(memcmp(a, b, rb * 2) == 0, "%s: sp_quantize_rows differs from the reference from_float", sp_qtype_name(ts[k]));
+        free(a);
+        free(b);
+    }
+    uint8_t dst[1024];
+    CHECK(sp_quantize_rows(SP_QTYPE_Q4_K, x, 1, 200, NULL, dst) == SP_E_INVALID);
+    CHECK(sp_quantize_rows(SP_QTYPE_Q4_0, x, 1, 33, NULL, dst) == SP_E_INVALID);
+    CHECK(sp_quantize_rows(4, x, 1, 32, NULL, dst) == SP_E_UNSUPPORTED);
+    CHECK(sp_quantize_rows(1030, x, 1, 32, NULL, dst) == SP_E_UNSUPPORTED);
+    CHECK(sp_quantize_rows(types[0].id, x, 1, 0, NULL, dst) == SP_E_INVALID);
+    CHECK(sp_quantize_rows(types[0].id, x, -1, 32, NULL, dst) == SP_E_INVALID);
+    CHECK(sp_quantize_rows(types[0].id, x, 0, 32, NULL, dst) == SP_OK);
+    free(x);
+}
+
+/* ---- real weights: stories260K ---------------------------------------------------------
+ * Every 2-D F32 tensor of the F32 GGUF (FFN rows of 172 use padded blocks)
+ * quantized in memory, dequantized, and the error summed per type. */
+
+static void test_stories260k(void) {
+    const char *path = need_fixture("models/stories260K/stories260K-f32.gguf");
+    if (!path) return;
+    struct sp_model_file *mf = NULL;
+    CHECK(sp_model_file_open(path, NULL, false, &mf) == SP_OK);
+    if (!mf) return;
+    FILE *fp = fopen(path, "rb");
+    CHECK(fp != NULL);
+    static const char *const names[] = {"i8_b32", "i6_b64", "i4_b32", "i4_b64", "i4_b128_e8", "i4a_b64", "i3_b64", "i3a_b64"};
+    /* relative RMS bounds: measured + ~15% (same order as names) */
+    static const double bound[] = {0.0058, 0.025, 0.093, 0.104, 0.131, 0.096, 0.21, 0.20};
+    double err[SP_ARRAY_LEN(names)] = {0}, ref = 0;
+    uint64_t n_params = 0, bytes[SP_ARRAY_LEN(names)] = {0};
+    int n_padded = 0;
+    for (uint32_t i = 0; i < mf->n_tensors && fp; i++) {
+        const struct sp_tensor_desc *td = &mf->tensors[i];
+        if (td->type != SP_QTYPE_F32 || td->n_dims < 2) continue;
+        const int64_t n = td->ne[0], rows = (int64_t)(td->size / 4) / n;
+        float *x = malloc(td->size), *y = malloc((size_t)n * sizeof *y);
+        CHECK(fseek(fp, (long)td->offset, SEEK_SET) == 0 && fread(x, 1, td->size, fp) == td->size);
+        n_padded += n % 32 != 0;
+        n_params += (uint64_t)(n * rows);
+        for (int64_t j = 0; j < n * rows; j++) ref += (double)x[j] * x[j];
+        for (size_t k = 0; k < SP_ARRAY_LEN(names); k++) {
+            const uint32_t t = (uint32_t)sp_qtype_from_name(names[k]);
+            const size_t rb = sp_qtype_row_bytes(t, n);
+            uint8_t *q = malloc(rb * (size_t)rows);
+            CHECK(sp_quantize_rows(t, x, rows, n, NULL, q) == SP_OK);
+            bytes[k] += rb * (uint64_t)rows;
+            for (int64_t r = 0; r < rows; r++) {
+                sp_qtraits_get(t)->to_float(q + (size_t)r * rb, y, n);
+                for (int64_t j = 0; j < n; j++) err[k] += (double)(x[r * n + j] - y[j]) * (x[r * n + j] - y[j]);
+            }
+            free(q);
+        }
+        free(x);
+        free(y);
+    }
+    if (fp) fclose(fp);
+    CHECKF(n_padded >= 5, "expected the FFN-down tensors (rows of 172) among the weights, found %d padded", n_padded);
+    printf("stories260K, %llu weights in 2-D tensors (%d with padded rows):\n", (unsigned long long)n_params, n_padded);
+    for (size_t k = 0; k < SP_ARRAY_LEN(names); k++) {
+        const double rel = sqrt(err[k] / ref);
+        printf("  %-11s %.3f bpw  rel RMS %.4f (<= %.4f)\n", names[k], 8.0 * (double)bytes[k] / (double)n_params, rel,
+               bound[k]);
+        CHECKF(rel <= bound[k], "stories260K %s: rel RMS %.4f > %.4f", names[k], rel, bound[k]);
+    }
+    sp_model_file_free(mf);
+}
+
+int main(void) {
+    sp_quant_init();
+    test_names();
+    test_layouts();
+    test_roundtrip();
+    test_padded();
+    test_e8m0();
+    test_importance();
+    test_x8();
+    test_ref_dot();
+    setup_levels();
+    for (int i = 0; i < n_levels; i++) {
+        if (!levels[i].have) continue;
+        test_simd_x8(&levels[i]);
+        test_simd_dot(&levels[i]);
+        test_simd_gemm(&levels[i]);
+    }
+    test_matmul();
+    test_quantize_ggml();
+    test_stories260k();
+    return test_report("test_native");
+}
