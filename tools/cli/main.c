@@ -463,6 +463,21 @@ static int session_opt(struct argp *a, struct sp_session_params *sp) {
     return 1;
 }
 
+/* The end of every command's option chain: -v/--verbose, else an unknown
+ * option or a stray argument is a usage error; `hint` says where arguments
+ * go ("the model goes after -m"). */
+static void last_opt(struct argp *a, const char *hint) {
+    const char *arg = a->argv[a->i];
+    if (opt_is(a, "-v", "--verbose")) {
+        opt_no_value(a);
+        log_verbose = 1;
+    } else if (is_option(arg)) {
+        unknown_option(a);
+    } else {
+        usage_error(a->cmd, "unexpected argument '%s' (%s)", arg, hint);
+    }
+}
+
 /* ---- run ------------------------------------------------------------------------ */
 
 static int cmd_run(int argc, char **argv) {
@@ -482,7 +497,6 @@ static int cmd_run(int argc, char **argv) {
     uint64_t mem_budget = 0;
 
     for (a.i = 1; a.i < argc; a.i++) {
-        const char *arg = argv[a.i];
         if (opt_is(&a, "-h", "--help")) {
             help_run(stdout);
             return EXIT_OK;
@@ -515,13 +529,8 @@ static int cmd_run(int argc, char **argv) {
             mem_budget = parse_size(&a, opt_value(&a));
         } else if (opt_is(&a, NULL, "--tokenizer")) {
             tokenizer = opt_value(&a);
-        } else if (opt_is(&a, "-v", "--verbose")) {
-            opt_no_value(&a);
-            log_verbose = 1;
-        } else if (is_option(arg)) {
-            unknown_option(&a);
         } else {
-            usage_error(a.cmd, "unexpected argument '%s' (the prompt goes after -p)", arg);
+            last_opt(&a, "the prompt goes after -p");
         }
     }
     if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow run --help')");
@@ -1048,7 +1057,6 @@ static int cmd_synth(int argc, char **argv) {
     p.n_threads = default_threads();
 
     for (a.i = 1; a.i < argc; a.i++) {
-        const char *arg = argv[a.i];
         if (opt_is(&a, "-h", "--help")) {
             help_synth(stdout);
             return EXIT_OK;
@@ -1068,13 +1076,8 @@ static int cmd_synth(int argc, char **argv) {
         } else if (opt_is(&a, "-q", "--quiet")) {
             opt_no_value(&a);
             quiet = true;
-        } else if (opt_is(&a, "-v", "--verbose")) {
-            opt_no_value(&a);
-            log_verbose = 1;
-        } else if (is_option(arg)) {
-            unknown_option(&a);
         } else {
-            usage_error(a.cmd, "unexpected argument '%s' (the output file goes after -o)", arg);
+            last_opt(&a, "the output file goes after -o");
         }
     }
     if (list) return synth_list();
@@ -1412,7 +1415,6 @@ static int cmd_bench(int argc, char **argv) {
     sp.sampling.repeat_penalty = 1.0f;
 
     for (a.i = 1; a.i < argc; a.i++) {
-        const char *arg = argv[a.i];
         if (opt_is(&a, "-h", "--help")) {
             help_bench(stdout);
             return EXIT_OK;
@@ -1440,13 +1442,8 @@ static int cmd_bench(int argc, char **argv) {
         } else if (opt_is(&a, NULL, "--json")) {
             opt_no_value(&a);
             json = true;
-        } else if (opt_is(&a, "-v", "--verbose")) {
-            opt_no_value(&a);
-            log_verbose = 1;
-        } else if (is_option(arg)) {
-            unknown_option(&a);
         } else {
-            usage_error(a.cmd, "unexpected argument '%s' (the model goes after -m)", arg);
+            last_opt(&a, "the model goes after -m");
         }
     }
     if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow bench --help')");
@@ -1582,7 +1579,6 @@ static int cmd_plan(int argc, char **argv) {
     bool json = false;
     struct sp_session_params sp = sp_session_default_params();
     for (a.i = 1; a.i < argc; a.i++) {
-        const char *arg = argv[a.i];
         if (opt_is(&a, "-h", "--help")) {
             help_plan(stdout);
             return EXIT_OK;
@@ -1595,13 +1591,8 @@ static int cmd_plan(int argc, char **argv) {
         } else if (opt_is(&a, NULL, "--json")) {
             opt_no_value(&a);
             json = true;
-        } else if (opt_is(&a, "-v", "--verbose")) {
-            opt_no_value(&a);
-            log_verbose = 1;
-        } else if (is_option(arg)) {
-            unknown_option(&a);
         } else {
-            usage_error(a.cmd, "unexpected argument '%s' (the model goes after -m)", arg);
+            last_opt(&a, "the model goes after -m");
         }
     }
     if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow plan --help')");
@@ -1827,7 +1818,6 @@ static int cmd_eval(int argc, char **argv) {
     ep.n_threads = default_threads();
 
     for (a.i = 1; a.i < argc; a.i++) {
-        const char *arg = argv[a.i];
         if (opt_is(&a, "-h", "--help")) {
             help_eval(stdout);
             return EXIT_OK;
@@ -1852,13 +1842,8 @@ static int cmd_eval(int argc, char **argv) {
             json = true;
         } else if (opt_is(&a, NULL, "--tokenizer")) {
             tokenizer = opt_value(&a);
-        } else if (opt_is(&a, "-v", "--verbose")) {
-            opt_no_value(&a);
-            log_verbose = 1;
-        } else if (is_option(arg)) {
-            unknown_option(&a);
         } else {
-            usage_error(a.cmd, "unexpected argument '%s' (the model goes after -m, the text after --text)", arg);
+            last_opt(&a, "the model goes after -m, the text after --text");
         }
     }
     if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow eval --help')");
