@@ -114,14 +114,14 @@ echo "memwall: $MODEL ($(du -h "$MODEL" | cut -f1)), cgroup v$CGV limit $(($LIMI
      "budget $(($BUDGET / 1048576)) MiB, threads $THREADS, prompt $N_PROMPT, gen $N_GEN"
 
 # ---- storage read speed -----------------------------------------------------------------
-# O_DIRECT, 8 MiB blocks, 4 in flight (as the pager reads), 3 passes over the
+# O_DIRECT, 8 MiB blocks, 8 in flight (the pager's 8 I/O threads), 3 passes over the
 # same 4 GiB of the model.  On this machine kind a range read again soon after
 # comes faster (~1.1 GB/s) than the first time (~0.65 GB/s) -- a cache below
 # the VM -- and an engine re-reads the same weights every token, so the bound
 # uses the best pass: the most the storage delivered, which makes the bound
 # the hardest to reach.
 drop_caches
-"$MEMBW" --file "$MODEL" --mode direct --limit 4096 --passes 3 --block 8192 --qd 4 --json > "$tmp/membw.json"
+"$MEMBW" --file "$MODEL" --mode direct --limit 4096 --passes 3 --block 8192 --qd 8 --json > "$tmp/membw.json"
 READ_GBPS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"][0]["gbps_best"])' "$tmp/membw.json")
 READ_MED=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["results"][0]["gbps_median"])' "$tmp/membw.json")
 echo "storage: O_DIRECT read, best of 3 passes $READ_GBPS GB/s (median $READ_MED GB/s)"
