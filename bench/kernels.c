@@ -7,19 +7,25 @@
  * Each figure is the median of several runs, timed in thread CPU time
  * (CLOCK_THREAD_CPUTIME_ID) so that time spent descheduled on a shared
  * machine does not count; memory bandwidth taken by other processes still
- * does.  Not a test: nothing is
+ * does.  Then, for the active table, decode through sp_matmul (the
+ * engine's threaded split) with every online CPU, timed in wall-clock time:
+ * GB/s of weights for all threads together, to set against bench/membw's
+ * read bandwidth with the same thread count.  Not a test: nothing is
  * checked here (tests/test_kernels.c does that).
  *
  *   build/bench/kernels [TYPE...]      e.g. build/bench/kernels Q4_0 Q8_0 i4_b64
  * Sparrow's native types (quant/native.h) are listed after ggml's; with no
  * TYPE arguments a representative few of them run.
  *   SPARROW_BENCH_MB=64                size of the streamed matrix (default 256)
+ *   SPARROW_BENCH_THREADS=2            threads of the last table (default: online CPUs)
  */
 #include "core/core.h"
 #include "core/cpu.h"
+#include "model/ops.h"
 #include "quant/isa.h"
 #include "quant/native.h"
 #include "quant/quant.h"
+#include "sched/pool.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -27,6 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define N_COLS 4096 /* row length of every product (a 7B model's hidden size) */
 #define GEMM_TOK 128
@@ -50,6 +58,12 @@ static float rng_float(void) { /* roughly normal */
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double wall(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -170,7 +184,11 @@ int main(int argc, char **argv) {
     }
     nt++;
 
-    uint8_t *w = sp_malloc_aligned(big, 4096);
+    /* 2 MiB aligned and huge pages where allowed, as the pager holds loaded weights */
+    uint8_t *w = sp_malloc_aligned(big, 2u << 20);
+#ifdef MADV_HUGEPAGE
+    if (w) (void)madvise(w, big, MADV_HUGEPAGE);
+#endif
     float *xf = sp_malloc(N_COLS * sizeof *xf);
     uint8_t *xq = sp_malloc(sp_qtype_row_bytes(SP_QTYPE_F32, N_COLS) * GEMM_TOK);
     float *y = sp_malloc(sizeof(float) * SP_MAX((size_t)GEMM_TOK * GEMM_ROWS, big / 64));
@@ -235,6 +253,38 @@ int main(int argc, char **argv) {
                    tr->gemm ? "" : " (vec_dot loop)");
             fflush(stdout);
         }
+    }
+    /* Decode with the engine's threaded split, wall clock. */
+    const char *th_env = getenv("SPARROW_BENCH_THREADS");
+    const int n_threads = th_env ? atoi(th_env) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    struct sp_pool *pool = NULL;
+    if (n_threads >= 1 && sp_pool_init(n_threads, &pool) == SP_OK) {
+        printf("\ndecode through sp_matmul, %d threads, %zu MiB matrix: GB/s of weights, all threads (wall clock, median of 7)\n",
+               n_threads, big >> 20);
+        for (size_t k = 0; k < SP_ARRAY_LEN(types); k++) {
+            const uint32_t t = types[k];
+            const char *tn = sp_qtype_name(t);
+            if (argc > 1) {
+                int want = 0;
+                for (int a = 1; a < argc; a++) want |= !strcmp(argv[a], tn);
+                if (!want) continue;
+            }
+            const struct sp_qtraits *ref = sp_qtraits_ref(t), *xt = sp_qtraits_ref(ref->vec_dot_type);
+            const size_t rb = sp_qtype_row_bytes(t, N_COLS);
+            const int64_t rows = (int64_t)(big / rb);
+            fill_weights(t, w, (size_t)rows * rb);
+            for (int j = 0; j < N_COLS; j++) xf[j] = rng_float();
+            xt->from_float(xf, xq, N_COLS);
+            double v[7];
+            for (int i = 0; i < 7; i++) {
+                const double t0 = wall();
+                sp_matmul(pool, t, w, N_COLS, rows, xq, 0, 1, y, rows);
+                v[i] = (double)rows * rb / (wall() - t0) / 1e9;
+            }
+            printf("%-5s %9.2f GB/s\n", tn, median(v, 7));
+            fflush(stdout);
+        }
+        sp_pool_free(pool);
     }
     sp_free_aligned(w);
     sp_free(xf);

@@ -75,6 +75,30 @@ void sp_kv_store(struct sp_kv_cache *kv, uint32_t il, uint32_t pos, const float 
     }
 }
 
+/* out[i] = sum over p of a[p] * v[p * v_stride + i], added in position
+ * order for every i (what a plain axpy per position gives, bit for bit),
+ * 16 elements at a time held in a local array so that the compiler keeps
+ * them in vector registers across the positions (several add chains). */
+static void attend_v_f32(const float *restrict v, size_t v_stride, const float *restrict a, uint32_t n_pos,
+                         uint32_t hd, float *restrict out) {
+    uint32_t i = 0;
+    for (; i + 16 <= hd; i += 16) {
+        float lo[8] = {0}, hi[8] = {0};
+        for (uint32_t p = 0; p < n_pos; p++) {
+            const float *restrict vp = v + p * v_stride + i;
+            for (int k = 0; k < 8; k++) lo[k] += a[p] * vp[k];
+            for (int k = 0; k < 8; k++) hi[k] += a[p] * vp[k + 8];
+        }
+        for (int k = 0; k < 8; k++) out[i + k] = lo[k];
+        for (int k = 0; k < 8; k++) out[i + k + 8] = hi[k];
+    }
+    for (; i < hd; i++) {
+        float s = 0.0f;
+        for (uint32_t p = 0; p < n_pos; p++) s += a[p] * v[p * v_stride + i];
+        out[i] = s;
+    }
+}
+
 void sp_kv_attend(const struct sp_kv_cache *kv, uint32_t il, uint32_t kh, uint32_t hd_k, uint32_t hd_v,
                   uint32_t n_pos, const float *q, float scale, float *att, float *out) {
     SP_ASSERT(il < kv->n_layers && n_pos > 0 && n_pos <= kv->n_ctx);
@@ -104,17 +128,14 @@ void sp_kv_attend(const struct sp_kv_cache *kv, uint32_t il, uint32_t kh, uint32
         sum += att[p];
     }
     const float inv = (float)(1.0 / sum);
+    for (uint32_t p = 0; p < n_pos; p++) att[p] *= inv;
+    if (kv->type == SP_KV_F32) {
+        attend_v_f32((const float *)kv->v + base * kv->v_dim + (size_t)kh * hd_v, kv->v_dim, att, n_pos, hd_v, out);
+        return;
+    }
     for (uint32_t i = 0; i < hd_v; i++) out[i] = 0.0f;
-    /* out += a * v: an axpy per position, which the compiler vectorizes. */
     for (uint32_t p = 0; p < n_pos; p++) {
-        const float a = att[p] * inv;
-        att[p] = a;
-        if (kv->type == SP_KV_F32) {
-            const float *v = (const float *)kv->v + (base + p) * kv->v_dim + (size_t)kh * hd_v;
-            for (uint32_t i = 0; i < hd_v; i++) out[i] += a * v[i];
-        } else {
-            const uint16_t *v = (const uint16_t *)kv->v + (base + p) * kv->v_dim + (size_t)kh * hd_v;
-            for (uint32_t i = 0; i < hd_v; i++) out[i] += a * sp_fp16_to_fp32(v[i]);
-        }
+        const uint16_t *v = (const uint16_t *)kv->v + (base + p) * kv->v_dim + (size_t)kh * hd_v;
+        for (uint32_t i = 0; i < hd_v; i++) out[i] += att[p] * sp_fp16_to_fp32(v[i]);
     }
 }

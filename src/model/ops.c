@@ -8,6 +8,7 @@
 #include "core/core.h"
 
 #include <math.h>
+#include <stdatomic.h>
 
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double sum = 0.0;
@@ -71,15 +72,12 @@ struct matmul_job {
     int64_t n_tok;
     float *y;
     int64_t ldy;
+    int64_t chunk_rows; /* rows per work item, a multiple of 16 */
+    atomic_int_fast64_t next; /* the next work item to take */
 };
 
-static void matmul_task(void *arg, int ith, int nth) {
-    const struct matmul_job *j = arg;
-    /* Split rows in chunks of 16 so kernels that work on row groups see whole groups. */
-    const int64_t n_chunks = (j->n_rows + 15) / 16;
-    const int64_t per = (n_chunks + nth - 1) / nth;
-    const int64_t r0 = SP_MIN(j->n_rows, per * ith * 16), r1 = SP_MIN(j->n_rows, per * (ith + 1) * 16);
-    if (r1 <= r0) return;
+/* Rows [r0, r1) of the product. */
+static void matmul_rows(const struct matmul_job *j, int64_t r0, int64_t r1) {
     const uint8_t *w = j->w + (size_t)r0 * j->row_bytes;
     if (j->tw->gemm) {
         j->tw->gemm(j->n_cols, w, j->row_bytes, r1 - r0, j->xc, j->x_stride, j->n_tok, j->y + r0, j->ldy);
@@ -89,18 +87,41 @@ static void matmul_task(void *arg, int ith, int nth) {
     }
 }
 
+/* Threads take contiguous runs of rows (whole 16-row groups, so kernels
+ * that work on row groups see whole groups) from a shared counter: each
+ * run is one sequential stream of weights, and a thread that gets less CPU
+ * (another process on its core) simply takes fewer runs. */
+static void matmul_task(void *arg, int ith, int nth) {
+    struct matmul_job *j = arg;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        const int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        const int64_t r0 = c * j->chunk_rows;
+        if (r0 >= j->n_rows) return;
+        matmul_rows(j, r0, SP_MIN(j->n_rows, r0 + j->chunk_rows));
+    }
+}
+
 void sp_matmul(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_cols, int64_t n_rows, const void *xc,
                size_t x_stride, int64_t n_tok, float *y, int64_t ldy) {
     const struct sp_qtraits *tw = sp_qtraits_get(wtype);
     SP_ASSERT(tw && tw->vec_dot);
     struct matmul_job j = {tw, wtype, w, sp_qtype_row_bytes(wtype, n_cols), n_cols, n_rows, xc, x_stride, n_tok,
-                           y, ldy};
+                           y, ldy, 0, 0};
     /* Small products are not worth waking threads for. */
-    if (!pool || sp_pool_n_threads(pool) == 1 || (uint64_t)n_rows * j.row_bytes * (uint64_t)n_tok < (1u << 15)) {
-        matmul_task(&j, 0, 1);
-    } else {
-        sp_pool_run(pool, matmul_task, &j);
+    const int nth = pool ? sp_pool_n_threads(pool) : 1;
+    if (nth == 1 || (uint64_t)n_rows * j.row_bytes * (uint64_t)n_tok < (1u << 15)) {
+        matmul_rows(&j, 0, n_rows);
+        return;
     }
+    /* About 4 runs per thread: enough to even out a busy core, few enough
+     * that each run's fixed cost (the kernels prepare the activations per
+     * call) stays small. */
+    const int64_t per = (n_rows + 4 * nth - 1) / (4 * nth);
+    j.chunk_rows = SP_MAX(16, (per + 15) / 16 * 16);
+    atomic_init(&j.next, 0);
+    sp_pool_run(pool, matmul_task, &j);
 }
 
 /* ---- several products in one parallel pass ------------------------------ */
