@@ -62,29 +62,26 @@ const void *sp_act_convert(uint32_t wtype, const float *x, int64_t n, int64_t x_
 }
 
 struct matmul_job {
+    struct sp_mm_part p;
     const struct sp_qtraits *tw;
-    uint32_t wtype;
-    const uint8_t *w;
     size_t row_bytes;
-    int64_t n_cols, n_rows;
-    const void *xc;
-    size_t x_stride;
-    int64_t n_tok;
-    float *y;
-    int64_t ldy;
     int64_t chunk_rows; /* rows per work item, a multiple of 16 */
     atomic_int_fast64_t next; /* the next work item to take */
 };
 
-/* Rows [r0, r1) of the product. */
-static void matmul_rows(const struct matmul_job *j, int64_t r0, int64_t r1) {
-    const uint8_t *w = j->w + (size_t)r0 * j->row_bytes;
-    if (j->tw->gemm) {
-        j->tw->gemm(j->n_cols, w, j->row_bytes, r1 - r0, j->xc, j->x_stride, j->n_tok, j->y + r0, j->ldy);
+/* Rows [r0, r1) of product p (tw its traits, row_bytes its weight rows). */
+static void part_rows(const struct sp_mm_part *p, const struct sp_qtraits *tw, size_t row_bytes, int64_t r0,
+                      int64_t r1) {
+    const uint8_t *w = (const uint8_t *)p->w + (size_t)r0 * row_bytes;
+    if (tw->gemm) {
+        tw->gemm(p->n_cols, w, row_bytes, r1 - r0, p->xc, p->x_stride, p->n_tok, p->y + r0, p->ldy);
     } else {
-        sp_gemm_generic(j->wtype, j->n_cols, w, j->row_bytes, r1 - r0, j->xc, j->x_stride, j->n_tok, j->y + r0,
-                        j->ldy);
+        sp_gemm_generic(p->wtype, p->n_cols, w, row_bytes, r1 - r0, p->xc, p->x_stride, p->n_tok, p->y + r0, p->ldy);
     }
+}
+
+static void matmul_rows(const struct matmul_job *j, int64_t r0, int64_t r1) {
+    part_rows(&j->p, j->tw, j->row_bytes, r0, r1);
 }
 
 /* Threads take contiguous runs of rows (whole 16-row groups, so kernels
@@ -98,8 +95,8 @@ static void matmul_task(void *arg, int ith, int nth) {
     for (;;) {
         const int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         const int64_t r0 = c * j->chunk_rows;
-        if (r0 >= j->n_rows) return;
-        matmul_rows(j, r0, SP_MIN(j->n_rows, r0 + j->chunk_rows));
+        if (r0 >= j->p.n_rows) return;
+        matmul_rows(j, r0, SP_MIN(j->p.n_rows, r0 + j->chunk_rows));
     }
 }
 
@@ -107,8 +104,8 @@ void sp_matmul(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_co
                size_t x_stride, int64_t n_tok, float *y, int64_t ldy) {
     const struct sp_qtraits *tw = sp_qtraits_get(wtype);
     SP_ASSERT(tw && tw->vec_dot);
-    struct matmul_job j = {tw, wtype, w, sp_qtype_row_bytes(wtype, n_cols), n_cols, n_rows, xc, x_stride, n_tok,
-                           y, ldy, 0, 0};
+    struct matmul_job j = {{wtype, w, n_cols, n_rows, xc, x_stride, n_tok, y, ldy}, tw,
+                           sp_qtype_row_bytes(wtype, n_cols), 0, 0};
     /* Small products are not worth waking threads for. */
     const int nth = pool ? sp_pool_n_threads(pool) : 1;
     if (nth == 1 || (uint64_t)n_rows * j.row_bytes * (uint64_t)n_tok < (1u << 15)) {
@@ -143,16 +140,8 @@ static void multi_task(void *arg, int ith, int nth) {
         const int64_t a = SP_MAX(c0, base) - base, b = SP_MIN(c1, base + nc) - base;
         base += nc;
         if (b <= a) continue;
-        const int64_t r0 = a * 16, r1 = SP_MIN(p->n_rows, b * 16);
-        const struct sp_qtraits *tw = sp_qtraits_get(p->wtype);
-        const size_t row_bytes = sp_qtype_row_bytes(p->wtype, p->n_cols);
-        const uint8_t *w = (const uint8_t *)p->w + (size_t)r0 * row_bytes;
-        if (tw->gemm) {
-            tw->gemm(p->n_cols, w, row_bytes, r1 - r0, p->xc, p->x_stride, p->n_tok, p->y + r0, p->ldy);
-        } else {
-            sp_gemm_generic(p->wtype, p->n_cols, w, row_bytes, r1 - r0, p->xc, p->x_stride, p->n_tok, p->y + r0,
-                            p->ldy);
-        }
+        part_rows(p, sp_qtraits_get(p->wtype), sp_qtype_row_bytes(p->wtype, p->n_cols), a * 16,
+                  SP_MIN(p->n_rows, b * 16));
     }
 }
 
