@@ -104,6 +104,15 @@ static void fill_weights(uint32_t t, uint8_t *w, size_t bytes) {
     sp_free(f);
 }
 
+/* Whether type name tn is on the command line (all types when none is). */
+static bool wanted(const char *tn, int argc, char **argv) {
+    if (argc <= 1) return true;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], tn)) return true;
+    }
+    return false;
+}
+
 /* The engine's decode path: gemm with one token if the table has one. */
 static void matvec(const struct sp_qtraits *tr, uint32_t t, const uint8_t *w, int64_t rows, const void *x, float *y) {
     const size_t rb = sp_qtype_row_bytes(t, N_COLS);
@@ -178,11 +187,7 @@ int main(int argc, char **argv) {
     for (size_t k = 0; k < SP_ARRAY_LEN(types); k++) {
         const uint32_t t = types[k];
         const char *tn = sp_qtype_name(t);
-        if (argc > 1) {
-            int want = 0;
-            for (int a = 1; a < argc; a++) want |= !strcmp(argv[a], tn);
-            if (!want) continue;
-        }
+        if (!wanted(tn, argc, argv)) continue;
         const struct sp_qtraits *ref = sp_qtraits_ref(t), *xt = sp_qtraits_ref(ref->vec_dot_type);
         const size_t rb = sp_qtype_row_bytes(t, N_COLS), xrb = sp_qtype_row_bytes(ref->vec_dot_type, N_COLS);
         const int64_t rows_big = (int64_t)(big / rb), rows_small = (int64_t)(small / rb);
@@ -233,11 +238,7 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < SP_ARRAY_LEN(types); k++) {
             const uint32_t t = types[k];
             const char *tn = sp_qtype_name(t);
-            if (argc > 1) {
-                int want = 0;
-                for (int a = 1; a < argc; a++) want |= !strcmp(argv[a], tn);
-                if (!want) continue;
-            }
+            if (!wanted(tn, argc, argv)) continue;
             const struct sp_qtraits *ref = sp_qtraits_ref(t), *xt = sp_qtraits_ref(ref->vec_dot_type);
             const size_t rb = sp_qtype_row_bytes(t, N_COLS);
             const int64_t rows = (int64_t)(big / rb);
