@@ -118,6 +118,19 @@ static void fill_weights(uint32_t t, uint8_t *w, size_t bytes) {
     sp_free(f);
 }
 
+/* Whether type name tn is one of names[0..n). */
+static bool in_list(const char *tn, const char *const *names, size_t n) {
+    for (size_t a = 0; a < n; a++) {
+        if (!strcmp(names[a], tn)) return true;
+    }
+    return false;
+}
+
+/* Whether type name tn is on the command line (all types when none is). */
+static bool wanted(const char *tn, int argc, char **argv) {
+    return argc <= 1 || in_list(tn, (const char *const *)argv + 1, (size_t)argc - 1);
+}
+
 /* The engine's decode path: gemm with one token if the table has one. */
 static void matvec(const struct sp_qtraits *tr, uint32_t t, const uint8_t *w, int64_t rows, const void *x, float *y) {
     const size_t rb = sp_qtype_row_bytes(t, N_COLS);
@@ -205,15 +218,8 @@ int main(int argc, char **argv) {
         const uint32_t t = k < n_ggml ? types[k] : SP_QTYPE_NATIVE_FIRST + (uint32_t)(k - n_ggml);
         const char *tn = sp_qtype_name(t);
         if (!tn || !sp_qtraits_ref(t)->vec_dot) continue;
-        if (argc > 1) {
-            int want = 0;
-            for (int a = 1; a < argc; a++) want |= !strcmp(argv[a], tn);
-            if (!want) continue;
-        } else if (k >= n_ggml) {
-            int want = 0;
-            for (size_t a = 0; a < SP_ARRAY_LEN(native_default); a++) want |= !strcmp(native_default[a], tn);
-            if (!want) continue;
-        }
+        if (argc > 1 ? !wanted(tn, argc, argv) : k >= n_ggml && !in_list(tn, native_default, SP_ARRAY_LEN(native_default)))
+            continue;
         const struct sp_qtraits *ref = sp_qtraits_ref(t), *xt = sp_qtraits_ref(ref->vec_dot_type);
         const size_t rb = sp_qtype_row_bytes(t, N_COLS), xrb = sp_qtype_row_bytes(ref->vec_dot_type, N_COLS);
         const int64_t rows_big = (int64_t)(big / rb), rows_small = (int64_t)(small / rb);
@@ -264,11 +270,7 @@ int main(int argc, char **argv) {
         for (size_t k = 0; k < SP_ARRAY_LEN(types); k++) {
             const uint32_t t = types[k];
             const char *tn = sp_qtype_name(t);
-            if (argc > 1) {
-                int want = 0;
-                for (int a = 1; a < argc; a++) want |= !strcmp(argv[a], tn);
-                if (!want) continue;
-            }
+            if (!wanted(tn, argc, argv)) continue;
             const struct sp_qtraits *ref = sp_qtraits_ref(t), *xt = sp_qtraits_ref(ref->vec_dot_type);
             const size_t rb = sp_qtype_row_bytes(t, N_COLS);
             const int64_t rows = (int64_t)(big / rb);

@@ -75,6 +75,16 @@ void sp_kv_store(struct sp_kv_cache *kv, uint32_t il, uint32_t pos, const float 
     }
 }
 
+/* out[i] += a * v[i]; 16 elements per step so that the compiler vectorizes
+ * it (it does not for a loop of unknown length over possibly aliased arrays). */
+static void axpy(float *restrict out, float a, const float *restrict v, uint32_t n) {
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        for (int k = 0; k < 16; k++) out[i + k] += a * v[i + k];
+    }
+    for (; i < n; i++) out[i] += a * v[i];
+}
+
 /* out[i] = sum over p of a[p] * v[p * v_stride + i], added in position
  * order for every i (what a plain axpy per position gives, bit for bit),
  * 16 elements at a time held in a local array so that the compiler keeps
@@ -102,7 +112,8 @@ static void attend_v_f32(const float *restrict v, size_t v_stride, const float *
 void sp_kv_attend(const struct sp_kv_cache *kv, uint32_t il, uint32_t kh, uint32_t hd_k, uint32_t hd_v,
                   uint32_t n_pos, const float *q, float scale, float *att, float *out) {
     SP_ASSERT(il < kv->n_layers && n_pos > 0 && n_pos <= kv->n_ctx);
-    SP_ASSERT((kh + 1) * hd_k <= kv->k_dim && (kh + 1) * hd_v <= kv->v_dim && hd_k <= SP_KV_MAX_HEAD_DIM);
+    SP_ASSERT((kh + 1) * hd_k <= kv->k_dim && (kh + 1) * hd_v <= kv->v_dim && hd_k <= SP_KV_MAX_HEAD_DIM &&
+              hd_v <= SP_KV_MAX_HEAD_DIM);
     const size_t base = (size_t)il * kv->n_ctx;
     /* Scores through the dispatched dot kernels: F32 keys meet the F32 query;
      * F16 keys meet the query rounded to F16, as ggml does for an F16 cache. */
@@ -133,9 +144,13 @@ void sp_kv_attend(const struct sp_kv_cache *kv, uint32_t il, uint32_t kh, uint32
         attend_v_f32((const float *)kv->v + base * kv->v_dim + (size_t)kh * hd_v, kv->v_dim, att, n_pos, hd_v, out);
         return;
     }
+    /* F16: each position's values widened by the dispatched converter, then
+     * out += a * v in position order (the same bits as the scalar loop). */
+    const sp_to_float_fn h2f = sp_qtraits_get(SP_QTYPE_F16)->to_float;
+    float vf[SP_KV_MAX_HEAD_DIM];
     for (uint32_t i = 0; i < hd_v; i++) out[i] = 0.0f;
     for (uint32_t p = 0; p < n_pos; p++) {
-        const uint16_t *v = (const uint16_t *)kv->v + (base + p) * kv->v_dim + (size_t)kh * hd_v;
-        for (uint32_t i = 0; i < hd_v; i++) out[i] += att[p] * sp_fp16_to_fp32(v[i]);
+        h2f((const uint16_t *)kv->v + (base + p) * kv->v_dim + (size_t)kh * hd_v, vf, hd_v);
+        axpy(out, att[p], vf, hd_v);
     }
 }

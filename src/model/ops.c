@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdatomic.h>
 
+
 void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
@@ -112,10 +113,12 @@ void sp_matmul(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_co
         matmul_rows(&j, 0, n_rows);
         return;
     }
-    /* About 4 runs per thread: enough to even out a busy core, few enough
-     * that each run's fixed cost (the kernels prepare the activations per
-     * call) stays small. */
-    const int64_t per = (n_rows + 4 * nth - 1) / (4 * nth);
+    /* About 16 runs per thread: the last run ends the product for all, so
+     * short runs keep the threads finishing together (decode of llama-7b
+     * q4_0, 2 threads: 4 runs 5.6-5.9 tok/s, 16 runs 5.9-6.2, 32 runs
+     * 5.3-5.7); each run's fixed cost (the kernels prepare the activations
+     * per call) stays small next to 100+ rows of weights. */
+    const int64_t per = (n_rows + 16 * nth - 1) / (16 * nth);
     j.chunk_rows = SP_MAX(16, (per + 15) / 16 * 16);
     atomic_init(&j.next, 0);
     sp_pool_run(pool, matmul_task, &j);
