@@ -226,7 +226,7 @@ struct sp_session_params {
     int32_t n_batch;      /* tokens per forward pass when feeding a prompt;
                              0 = 128 (capped at n_ctx).  Memory grows with it. */
     uint64_t seed;        /* sampler seed; the same seed gives the same output */
-    enum sp_kv_type kv_type;
+    enum sp_kv_type kv_type; /* default F16 (half the memory of F32, as llama.cpp) */
     struct sp_sampling_params sampling;
     bool logits_all;      /* keep the logits of every token of the last
                              sp_decode call (sp_get_logits_ith), not only the

@@ -270,7 +270,7 @@ struct sp_session_params sp_session_default_params(void) {
         .n_threads = 0,
         .n_batch = 0,
         .seed = 0,
-        .kv_type = SP_KV_F32,
+        .kv_type = SP_KV_F16,
         .sampling = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.0f,
                      .repeat_last_n = 64},
         .logits_all = false,

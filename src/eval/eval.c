@@ -261,6 +261,7 @@ sp_status sp_eval_generate(struct sp_model *model, int32_t n_tokens, int32_t seg
     struct sp_session_params sp = sp_session_default_params();
     sp.n_ctx = seg_len;
     sp.n_threads = n_threads;
+    sp.kv_type = SP_KV_F32; /* the sampled text must not depend on the session default */
     struct sp_session *s = NULL;
     struct sp_sampler *smp = NULL;
     if ((rc = sp_sampler_init(&plain, seed, mi.n_vocab, &smp))) goto done;

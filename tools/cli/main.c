@@ -1163,7 +1163,7 @@ static void help_bench(FILE *f) {
             "  -c, --ctx-size N        context length, 0 = P + N (default: 0)\n"
             "  -b, --batch N           tokens per forward pass, 1..%d; 0 = the library's\n"
             "                          default (128)\n"
-            "      --kv-type TYPE      KV cache element type: f32 or f16 (default: f32)\n"
+            "      --kv-type TYPE      KV cache element type: f32 or f16 (default: f16, as llama.cpp)\n"
             "      --weights MODE      how resident weights are held: auto, mmap (pointers\n"
             "                          into the file mapping) or load (read into anonymous,\n"
             "                          huge-page memory) (default: auto)\n"
