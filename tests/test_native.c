@@ -18,6 +18,7 @@
 #include "quant/isa.h"
 #include "quant/native.h"
 #include "quant/quant.h"
+#include "test_isa.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -514,44 +515,21 @@ static void ref_copy(struct sp_qtraits *ntab) {
 }
 
 static void setup_levels(void) {
-#if defined(__x86_64__)
-    const struct sp_cpu_features *f = sp_cpu_features();
-    struct level *l = &levels[n_levels++];
-    l->name = "avx2";
-    l->have = f->avx2 && f->fma && f->f16c;
-    ref_copy(l->ntab);
-    if (l->have) sp_quant_register_native_avx2(l->ntab, f);
-    l = &levels[n_levels++];
-    l->name = "avx512";
-    l->have = f->avx512f && f->avx512bw && f->avx512vl && f->avx512vnni && f->fma && f->f16c;
-#if defined(SP_TEST_EMULATED_AVX512)
-    static struct sp_cpu_features all;
-    all = *f;
-    all.avx512f = all.avx512bw = all.avx512vl = all.avx512vnni = all.avx512bf16 = all.fma = all.f16c = true;
-    f = &all;
-    l->name = "avx512(emulated)";
-    l->have = true;
-    levels[0].have = false;
-#endif
-    ref_copy(l->ntab);
-    if (l->have) sp_quant_register_native_avx512(l->ntab, f);
-#elif defined(__aarch64__)
-    const struct sp_cpu_features *f = sp_cpu_features();
-    struct sp_cpu_features plain = *f;
-    plain.dotprod = false;
-    struct level *l = &levels[n_levels++];
-    l->name = "neon";
-    l->have = f->neon;
-    ref_copy(l->ntab);
-    if (l->have) sp_quant_register_native_neon(l->ntab, &plain);
-    l = &levels[n_levels++];
-    l->name = "dotprod";
-    l->have = f->neon && f->dotprod;
-    ref_copy(l->ntab);
-    if (l->have) sp_quant_register_native_neon(l->ntab, f);
-#endif
+    struct test_isa_level isa[TEST_ISA_MAX];
+    n_levels = test_isa_levels(isa);
     for (int i = 0; i < n_levels; i++) {
-        printf("level %-16s %s\n", levels[i].name, levels[i].have ? "tested" : "skipped (CPU lacks it, or tested by another binary)");
+        struct level *l = &levels[i];
+        const struct sp_cpu_features *f = &isa[i].feat;
+        l->name = isa[i].name;
+        l->have = isa[i].have;
+        ref_copy(l->ntab);
+        if (!l->have) continue;
+#if defined(__x86_64__)
+        if (isa[i].isa == TEST_ISA_AVX512) sp_quant_register_native_avx512(l->ntab, f);
+        else sp_quant_register_native_avx2(l->ntab, f);
+#elif defined(__aarch64__)
+        sp_quant_register_native_neon(l->ntab, f);
+#endif
     }
 }
 
