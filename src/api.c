@@ -8,6 +8,7 @@
 #include "api_internal.h"
 #include "core/core.h"
 #include "core/cpu.h"
+#include "mem/pager.h"
 #include "model/model.h"
 #include "quant/quant.h"
 #include "sample/sampler.h"
@@ -388,8 +389,10 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
     for (int32_t i = 0; i < n; i += (int32_t)s->n_batch) {
         const uint32_t nb = (uint32_t)SP_MIN((int32_t)s->n_batch, n - i);
         const bool last = i + (int32_t)nb == n;
+        sp_pager_turn_begin(s->model->pager);
         sp_status rc = sp_forward(s->model, s->fwd, s->kv, tokens + i, nb, s->n_past, last ? s->logits : NULL,
                                   s->p.logits_all);
+        sp_pager_turn_end(s->model->pager);
         if (rc) {
             s->n_logits = 0;
             return rc;

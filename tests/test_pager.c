@@ -19,6 +19,7 @@
 #include "model/model.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 
 /* ---- 1. planner property ------------------------------------------------ */
 
@@ -319,6 +320,71 @@ static void test_too_small(const char *rel) {
     sp_model_free(m);
 }
 
+/* ---- 4. two sessions on one budgeted model, on two threads ---------------- */
+
+struct greedy_run {
+    struct sp_session *s;
+    int32_t n_vocab;
+    int32_t toks[24];
+    sp_status rc;
+};
+
+static void *greedy_main(void *arg) {
+    struct greedy_run *g = arg;
+    int32_t prompt[8] = {1, 403, 407, 261, 378, 13, 60, 29};
+    for (int i = 1; i < 8; i++) prompt[i] %= g->n_vocab;
+    g->rc = sp_decode(g->s, prompt, 8);
+    for (int step = 0; step < 24 && g->rc == SP_OK; step++) {
+        if ((g->rc = sp_sample(g->s, &g->toks[step]))) break;
+        g->rc = sp_decode(g->s, &g->toks[step], 1);
+    }
+    return NULL;
+}
+
+/* Each forward pass holds a few expert slots at a time; with only a few
+ * slots, two passes at once could each hold what the other waits for.
+ * sp_pager_turn_begin makes them take turns: both sessions finish and
+ * produce the tokens of one session alone. */
+static void test_two_sessions(const char *rel, uint64_t weights) {
+    const char *path = need_fixture(rel);
+    if (!path) return;
+    struct sp_session *s1 = NULL, *s2 = NULL;
+    struct sp_model *m = load_tight(path, weights, &s1);
+    if (!m) return;
+    /* The budget has room for one session; pretend it had room for two
+     * (the slots stay as few as planned). */
+    struct sp_plan_info pi;
+    struct sp_session_params sp = test_session();
+    CHECK(sp_model_plan(m, &sp, &pi) == SP_OK);
+    sp_pager_release(m->pager, pi.session_bytes);
+    sp_status rc = sp_session_init(m, &sp, &s2);
+    CHECKF(rc == SP_OK, "second session: %s", sp_last_error());
+    struct sp_model_info info;
+    sp_model_get_info(m, &info);
+    struct greedy_run alone = {.s = s1, .n_vocab = info.n_vocab}, g[2] = {{.s = s1, .n_vocab = info.n_vocab},
+                                                                          {.s = s2, .n_vocab = info.n_vocab}};
+    greedy_main(&alone);
+    CHECK(alone.rc == SP_OK);
+    sp_session_reset(s1);
+    pthread_t th[2];
+    int started = 0;
+    for (int k = 0; k < 2 && rc == SP_OK; k++, started++) {
+        if (pthread_create(&th[k], NULL, greedy_main, &g[k]) != 0) break;
+    }
+    for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+    CHECK(started == 2);
+    for (int k = 0; k < started; k++) {
+        CHECKF(g[k].rc == SP_OK, "session %d: %s", k, sp_last_error());
+        CHECKF(memcmp(g[k].toks, alone.toks, sizeof alone.toks) == 0, "session %d: other tokens than alone", k);
+    }
+    const struct sp_plan *pl = sp_pager_plan(m->pager);
+    printf("  %s: two sessions on two threads, %u expert slots: both finished, tokens as alone\n", rel,
+           pl ? pl->expert_slots : 0);
+    sp_session_free(s2);
+    sp_session_free(s1);
+    sp_model_free(m);
+}
+
 int main(void) {
     sp_init();
     test_planner_property();
@@ -334,5 +400,7 @@ int main(void) {
     test_forward_under_budget("models/tiny-qwen/tiny-qwen3moe-f32.gguf", 768 * 1024);
     test_forward_under_budget("models/tiny-qwen/tiny-qwen3moe-q8_0.gguf", 512 * 1024);
     test_too_small("models/stories260K/stories260K-f32.gguf");
+    test_two_sessions("models/tiny-qwen/tiny-qwen3moe-q8_0.gguf", 512 * 1024);
+    test_two_sessions("models/stories260K-moe/stories260K-moe-q8_0.gguf", 512 * 1024);
     return test_report("test_pager");
 }

@@ -116,6 +116,7 @@ struct sp_pager {
     bool stop;
     pthread_mutex_t mu;
     pthread_cond_t cv_io, cv_done;
+    pthread_mutex_t turn; /* one forward pass at a time (sp_pager_turn_begin) */
     struct sp_pager_stats st;
     struct sp_pager_tuning tune;
 };
@@ -409,7 +410,7 @@ sp_status sp_pager_open(const struct sp_model_file *mf, const struct sp_pager_co
                  __func__, mf->path);
     }
     if (pthread_mutex_init(&pg->mu, NULL) || pthread_cond_init(&pg->cv_io, NULL) ||
-        pthread_cond_init(&pg->cv_done, NULL)) {
+        pthread_cond_init(&pg->cv_done, NULL) || pthread_mutex_init(&pg->turn, NULL)) {
         rc = sp_err(SP_E_NOMEM, "%s: cannot create locks", __func__);
         goto fail;
     }
@@ -628,6 +629,14 @@ sp_status sp_pager_reserve(struct sp_pager *pg, uint64_t session_bytes) {
     return SP_OK;
 }
 
+void sp_pager_turn_begin(struct sp_pager *pg) {
+    if (pg && pg->budgeted && pg->mf->n_tensors) pthread_mutex_lock(&pg->turn);
+}
+
+void sp_pager_turn_end(struct sp_pager *pg) {
+    if (pg && pg->budgeted && pg->mf->n_tensors) pthread_mutex_unlock(&pg->turn);
+}
+
 void sp_pager_release(struct sp_pager *pg, uint64_t session_bytes) {
     if (pg && pg->budgeted && pg->applied) pg->reserved -= SP_MIN(pg->reserved, session_bytes);
 }
@@ -646,6 +655,7 @@ void sp_pager_close(struct sp_pager *pg) {
         pthread_mutex_destroy(&pg->mu);
         pthread_cond_destroy(&pg->cv_io);
         pthread_cond_destroy(&pg->cv_done);
+        pthread_mutex_destroy(&pg->turn);
     }
     if (pg->map) munmap((void *)pg->map, (size_t)pg->map_size);
     if (pg->pinned_region) munmap(pg->pinned_region, (size_t)pg->pinned_size);

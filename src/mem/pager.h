@@ -83,6 +83,14 @@ sp_status sp_pager_make_plan(struct sp_pager *pg, uint64_t session_bytes, struct
 sp_status sp_pager_reserve(struct sp_pager *pg, uint64_t session_bytes);
 void sp_pager_release(struct sp_pager *pg, uint64_t session_bytes);
 
+/* Budgeted pagers: forward passes on one model take turns.  One pass holds
+ * at most a few pins per pool at once, and the plan gives every pool enough
+ * slots for that, so a pass always finishes; two passes at once (two
+ * sessions on one model, on two threads) could each hold slots the other
+ * waits for.  No-op without a budget (resident weights need no slots). */
+void sp_pager_turn_begin(struct sp_pager *pg);
+void sp_pager_turn_end(struct sp_pager *pg);
+
 /* Rows of t one pin may cover (see above). */
 uint32_t sp_pager_unit_rows(const struct sp_pager *pg, const struct sp_tensor_desc *t);
 
