@@ -214,6 +214,29 @@ static void test_from_float(const struct level *l) {
     free(b);
 }
 
+/* ---- to_float vs reference --------------------------------------------------------- */
+
+/* Every F16 bit pattern, at every start alignment and tail length. */
+static void test_to_float(const struct level *l) {
+    const sp_to_float_fn got = l->tab[SP_QTYPE_F16].to_float, ref = sp_qtraits_ref(SP_QTYPE_F16)->to_float;
+    if (got == ref) return;
+    enum { N = 65536 + 16 };
+    uint16_t *h = malloc(N * sizeof *h);
+    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    for (int i = 0; i < N; i++) h[i] = (uint16_t)i;
+    int bad = 0;
+    for (int off = 0; off < 9; off++) {
+        const int64_t n = 65536 - off;
+        ref(h + off, a, n);
+        got(h + off, b, n);
+        bad += memcmp(a, b, (size_t)n * sizeof *a) != 0;
+    }
+    CHECKF(bad == 0, "%s F16 to_float not bit-identical to the reference (%d of 9 offsets)", l->name, bad);
+    free(h);
+    free(a);
+    free(b);
+}
+
 /* ---- vec_dot vs reference -------------------------------------------------------- */
 
 static void test_vec_dot(const struct level *l) {
@@ -366,6 +389,7 @@ int main(void) {
     for (int i = 0; i < n_levels; i++) {
         if (!levels[i].have) continue;
         test_from_float(&levels[i]);
+        test_to_float(&levels[i]);
         test_vec_dot(&levels[i]);
         test_gemm(&levels[i]);
     }
