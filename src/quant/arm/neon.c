@@ -204,6 +204,19 @@ static void q8_k_from_float(const float *restrict src, void *restrict dst, int64
     }
 }
 
+/* FCVTL widens exactly and makes NaNs quiet keeping the payload, as
+ * sp_fp16_to_fp32 does (the values of an F16 KV cache come through here). */
+static void f16_to_float(const void *restrict src, float *restrict dst, int64_t n) {
+    const uint16_t *h = src;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const float16x8_t v = vreinterpretq_f16_u16(vld1q_u16(h + i));
+        vst1q_f32(dst + i, vcvt_f32_f16(vget_low_f16(v)));
+        vst1q_f32(dst + i + 4, vcvt_high_f32_f16(v));
+    }
+    for (; i < n; i++) dst[i] = sp_fp16_to_fp32(h[i]);
+}
+
 /* FCVTN rounds to nearest even and keeps NaN payloads as F16C does. */
 static void f16_from_float(const float *restrict src, void *restrict dst, int64_t n) {
     uint16_t *h = dst;
@@ -247,6 +260,7 @@ void sp_quant_register_neon(struct sp_qtraits *table, const struct sp_cpu_featur
     table[SP_QTYPE_F16].vec_dot = vec_dot_f16;
     table[SP_QTYPE_BF16].vec_dot = vec_dot_bf16;
     table[SP_QTYPE_F16].from_float = f16_from_float;
+    table[SP_QTYPE_F16].to_float = f16_to_float;
     table[SP_QTYPE_BF16].from_float = bf16_from_float;
     table[SP_QTYPE_Q8_0].from_float = q8_0_from_float;
     table[SP_QTYPE_Q8_1].from_float = q8_1_from_float;
