@@ -178,7 +178,7 @@ struct grid {
  * choice, as factors of its d: the block quantizer minimises the block's own
  * (importance-weighted) error, while after error feedback the block's cost is
  * the feedback-weighted error below, whose optimum sits a little off it. */
-static const float cand_f[] = {1.0f, 0.90f, 0.95f, 1.05f, 1.10f};
+static const float cand_f[] = {1.0f, 0.80f, 0.85f, 0.90f, 0.95f, 1.05f, 1.10f, 1.15f, 1.20f};
 #define N_CAND ((int)(sizeof cand_f / sizeof cand_f[0]))
 
 /* d as the block header stores it. */
