@@ -308,27 +308,6 @@ done:
     return rc;
 }
 
-/* The row Hessians of tensor i from packed lower triangles to full mirrored
- * matrices; the weights kept for computing them are no longer needed. */
-static sp_status unpack_rows(struct sp_calib *c, uint32_t i) {
-    const int64_t n = c->width[i], nt = n * (n + 1) / 2;
-    sp_free(c->rowcov_w[i]);
-    c->rowcov_w[i] = NULL;
-    const int64_t rows = c->rowcov_rows[i];
-    double *full = sp_malloc((size_t)(rows * n * n) * sizeof(double));
-    if (!full) return sp_err(SP_E_NOMEM, "sp_calib_run: out of memory for row Hessians");
-    for (int64_t r = 0; r < rows; r++) {
-        const double *p = c->rowcov[i] + (size_t)(r * nt);
-        double *h = full + (size_t)(r * n * n);
-        for (int64_t a = 0, k = 0; a < n; a++) {
-            for (int64_t b = 0; b <= a; b++, k++) h[a * n + b] = h[b * n + a] = p[k];
-        }
-    }
-    sp_free(c->rowcov[i]);
-    c->rowcov[i] = full;
-    return SP_OK;
-}
-
 /* Add the output head's input for n_tok tokens: rmsnorm(residual) * output_norm. */
 static sp_status observe_output(struct sp_model *m, struct sp_fwd *f, uint32_t n_tok, struct observer *o) {
     const struct sp_hparams *hp = &m->mf->hp;
@@ -404,7 +383,10 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
         for (int64_t a = 0; cov && a < c->width[i]; a++) { /* mirror the lower triangle */
             for (int64_t b = 0; b < a; b++) cov[b * c->width[i] + a] = cov[a * c->width[i] + b];
         }
-        if (c->rowcov && c->rowcov[i] && (rc = unpack_rows(c, i))) goto done;
+        if (c->rowcov_w) { /* the weights were only needed while observing */
+            sp_free(c->rowcov_w[i]);
+            c->rowcov_w[i] = NULL;
+        }
     }
     *out = c;
     c = NULL;

@@ -83,7 +83,7 @@ struct sp_calib {
      * the output head (through the softmax) -- per row j the sum over sampled
      * tokens of c_j^2 x x^T (lower triangle), c_j the sensitivity of the
      * model to that row's output on the token; NULL when not collected. */
-    double **rowcov;    /* (n_tensors) each (ne[1], ne[0], ne[0]) or NULL */
+    double **rowcov;    /* (n_tensors) each ne[1] packed lower triangles, or NULL */
     float **rowcov_w;   /* (n_tensors) the tensor's F32 weights while collecting */
     int32_t *rowcov_layer; /* (n_tensors) layer of an FFN gate, n_layers for the head, else -1 */
     int64_t *rowcov_rows;  /* (n_tensors) rows of the tensors that have them */
@@ -105,8 +105,9 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
 /* The covariance (width x width sums of x x^T) of tensor i's input, or NULL. */
 const double *sp_calib_cov(const struct sp_calib *c, uint32_t i);
 
-/* The row Hessians of tensor i (ne[1] matrices of ne[0] x ne[0], mirrored),
- * or NULL. */
+/* The row Hessians of tensor i, or NULL: ne[1] packed lower triangles of
+ * ne[0] x ne[0] (row a's elements 0..a, rows in order: ne[0] (ne[0] + 1) / 2
+ * doubles per tensor row). */
 const double *sp_calib_rowcov(const struct sp_calib *c, uint32_t i);
 
 /* Sampled input rows of tensor i (*n of them, width floats each), or NULL. */
