@@ -22,8 +22,9 @@
  * feedback, sum ((x_j - q_j) / U_jj)^2 -- exactly its share of the row's
  * output error.  Then, codes fixed, the block scales are refit by least
  * squares on (w - q)^T H (w - q) (they interact through H), the row is
- * rounded again on the refit grids, and refit once more; of the four, the
- * one with the least output error is written.  Blocks are encoded from
+ * rounded again on the refit grids, and refit once more; the one of the
+ * four with the least output error is then improved by a greedy search over
+ * single codes (local_search) and a last refit, and written.  Blocks are encoded from
  * their codes and grid (sp_native_pack_block), so the file holds exactly the
  * values the feedback assumed.  Only native types: ggml blocks have
  * sub-block scales this does not model.
@@ -363,6 +364,43 @@ static void refit(const struct sp_gptq *g, const struct sp_native_layout *L, con
     for (int64_t b = 0; b < nb; b++) grids[b] = make_grid(L, grids[b].d, grids[b].m);
 }
 
+/* Greedy coordinate descent on the codes: each code in turn moves by +-1
+ * (within its range) when that lowers the row's output error r^T H r, until
+ * a sweep moves none (at most LS_SWEEPS).  GPTQ rounds each channel once,
+ * given the ones before it; a later channel's rounding can make an earlier
+ * choice worse, which this repairs.  r and hr are recomputed first and kept
+ * current; returns the error. */
+#define LS_SWEEPS 8
+
+static double local_search(const struct sp_gptq *g, const struct sp_native_layout *L, const float *x0,
+                           const struct grid *grids, float *codes, double *r, double *hr) {
+    const int64_t n = g->n;
+    double e = row_error(g, L, x0, grids, codes, r, hr);
+    for (int sweep = 0; sweep < LS_SWEEPS; sweep++) {
+        int64_t moved = 0;
+        for (int64_t j = 0; j < n; j++) {
+            const struct grid *gr = &grids[j / L->block];
+            const double hjj = g->h[j * n + j];
+            for (int sgn = -1; sgn <= 1; sgn += 2) {
+                const float qn = codes[j] + (float)sgn;
+                if (qn < gr->lo || qn > gr->hi) continue;
+                const double dv = (double)grid_value(gr, qn) - grid_value(gr, codes[j]); /* r_j -= dv */
+                const double de = -2.0 * dv * hr[j] + dv * dv * hjj;
+                if (!(de < -1e-12 * e)) continue;
+                codes[j] = qn;
+                r[j] -= dv;
+                const double *hj = g->h + (size_t)(j * n);
+                for (int64_t k = 0; k < n; k++) hr[k] -= hj[k] * dv;
+                e += de;
+                moved++;
+                break;
+            }
+        }
+        if (!moved) break;
+    }
+    return e;
+}
+
 /* Quantize rows with error feedback; see quantize.h. */
 sp_status sp_gptq_rows(const struct sp_gptq *g, uint32_t t, float *w, int64_t n_rows, const float *imp, void *dst,
                        struct sp_gptq_stats *st) {
@@ -393,7 +431,7 @@ sp_status sp_gptq_rows(const struct sp_gptq *g, uint32_t t, float *w, int64_t n_
         }
         /* GPTQ with per-block scale choice; then alternately refit the scales
          * for the codes and re-round with the refit scales; the candidate
-         * with the least output error wins. */
+         * with the least output error goes on to the local search. */
         double best = INFINITY;
         int best_step = 0;
         for (int step = 0; step < 4 && !rc; step++) {
@@ -412,6 +450,15 @@ sp_status sp_gptq_rows(const struct sp_gptq *g, uint32_t t, float *w, int64_t n_
             }
         }
         if (rc) break;
+        /* single-code moves, then the scales refit for the moved codes (kept
+         * only if that helps) */
+        double e = local_search(g, L, x0, bgrids, bcodes, r, hr);
+        memcpy(grids, bgrids, (size_t)nb * sizeof(*grids));
+        refit(g, L, bcodes, grids, r, hr);
+        if (row_error(g, L, x0, grids, bcodes, r, hr) < e) {
+            memcpy(bgrids, grids, (size_t)nb * sizeof(*grids));
+            best_step = 1;
+        }
         /* back in channel order: encode each block from its codes */
         for (int64_t k = 0; k < n; k++) x[g->perm[k]] = bcodes[k];
         for (int64_t j0 = 0, b = 0; j0 < n; j0 += L->block, b++, out += L->bytes) {

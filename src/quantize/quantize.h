@@ -184,7 +184,7 @@ sp_status sp_gptq_init(const double *h, int64_t n_full, const float *col_mul, co
 void sp_gptq_free(struct sp_gptq *g);
 
 /* What sp_gptq_rows did: rows quantized, and of those the rows whose final
- * scales came from the least-squares refit rather than the first pass. */
+ * scales came from a least-squares refit rather than the first pass. */
 struct sp_gptq_stats {
     int64_t n_rows, n_refit;
 };
@@ -196,7 +196,9 @@ struct sp_gptq_stats {
  * whose rounding adds the least output error wins); then, codes fixed, the
  * blocks' scales (and mins) are refit by least squares on the output error
  * (w - q)^T H (w - q), the row re-rounded with those grids, and refit once
- * more; whichever of the four has the least output error is written.  w is
+ * more; whichever of the four has the least output error is improved by a
+ * greedy search over single codes (+-1 while the output error drops) and a
+ * last refit of the scales, and written.  w is
  * overwritten with the values the rows now hold.  *st (or NULL) is added to.
  * Thread-safe for disjoint rows.  SP_E_NOMEM, SP_E_INVALID (not native). */
 sp_status sp_gptq_rows(const struct sp_gptq *g, uint32_t t, float *w, int64_t n_rows, const float *imp, void *dst,
