@@ -36,11 +36,11 @@
 #define GEN_TOKENS 32
 
 /* Thresholds.  Issue 5 (acceptance 2) asks the best policy at <= 4.5 bpw for
- * at most 0.5x the Q4_0 file's KL; measured here 0.79x (docs/QUANT.md; 0.92x
- * before GPTQ's scale search, refit and row Hessians), so this holds what is
- * reached, with a margin for calibration noise, and the gap stays reported.
- * The q8 target (1.25x the Q8_0 file's) holds with calibration (measured
- * 0.9x); without, q8 measures 1.3x. */
+ * at most 0.5x the Q4_0 file's KL; measured here 0.75x (docs/QUANT.md; 0.92x
+ * before GPTQ's scale search, refit, row Hessians and local search), so this
+ * holds what is reached, with a margin for calibration noise, and the gap
+ * stays reported.  The q8 target (1.25x the Q8_0 file's) holds with
+ * calibration (measured 0.9x); without, q8 measures 1.3x. */
 #define KL_VS_Q4_0 0.9     /* best policy <= 4.5 bpw, calibrated: KL <= this x the Q4_0 file's */
 #define KL_VS_Q8_0 1.25    /* q8, calibrated: KL <= this x the Q8_0 file's */
 #define KL_EXACT 1e-4      /* F16 storage after channel scaling: the function is kept */

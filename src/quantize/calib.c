@@ -154,6 +154,7 @@ static sp_status extra_alloc(struct sp_model *m, struct sp_calib *c, uint64_t co
     for (uint32_t il = 0; il <= mf->hp.n_layers; il++) {
         const struct sp_tensor_desc *t[2] = {il < mf->hp.n_layers ? m->layers[il].ffn_gate : m->output,
                                              il < mf->hp.n_layers ? m->layers[il].ffn_up : NULL};
+        if (!t[0] || (!t[1] && il < mf->hp.n_layers)) continue;
         for (int k = 0; k < 2 && t[k]; k++) {
             const uint64_t w = (uint64_t)t[k]->ne[0];
             row_bytes += (uint64_t)t[k]->ne[1] * (w * (w + 1) / 2 * sizeof(double) + w * sizeof(float));
@@ -183,8 +184,7 @@ static sp_status extra_alloc(struct sp_model *m, struct sp_calib *c, uint64_t co
     if (want_rows) {
         if (!(c->rowcov = sp_calloc(mf->n_tensors, sizeof(*c->rowcov))) ||
             !(c->rowcov_w = sp_calloc(mf->n_tensors, sizeof(*c->rowcov_w))) ||
-            !(c->rowcov_layer = sp_malloc(mf->n_tensors * sizeof(int32_t))) ||
-            !(c->rowcov_rows = sp_calloc(mf->n_tensors, sizeof(int64_t)))) {
+            !(c->rowcov_layer = sp_malloc(mf->n_tensors * sizeof(int32_t)))) {
             return sp_err(SP_E_NOMEM, "sp_calib_run: out of memory");
         }
         for (uint32_t i = 0; i < mf->n_tensors; i++) c->rowcov_layer[i] = -1;
@@ -192,10 +192,10 @@ static sp_status extra_alloc(struct sp_model *m, struct sp_calib *c, uint64_t co
         for (uint32_t il = 0; il <= mf->hp.n_layers; il++) {
             const struct sp_tensor_desc *t[2] = {il < mf->hp.n_layers ? m->layers[il].ffn_gate : m->output,
                                                  il < mf->hp.n_layers ? m->layers[il].ffn_up : NULL};
+            if (!t[0] || (!t[1] && il < mf->hp.n_layers)) continue;
             c->rowcov_layer[IDX(t[0])] = (int32_t)il;
             for (int k = 0; k < 2 && t[k]; k++) {
                 const size_t w = (size_t)t[k]->ne[0], nr = (size_t)t[k]->ne[1];
-                c->rowcov_rows[IDX(t[k])] = (int64_t)nr;
                 if (!(c->rowcov[IDX(t[k])] = sp_calloc(nr * w * (w + 1) / 2, sizeof(double))) ||
                     !(c->rowcov_w[IDX(t[k])] = sp_malloc(nr * w * sizeof(float)))) {
                     return sp_err(SP_E_NOMEM, "sp_calib_run: out of memory for row Hessians");
@@ -241,7 +241,6 @@ void sp_calib_free(struct sp_calib *c) {
     sp_free(c->rowcov);
     sp_free(c->rowcov_w);
     sp_free(c->rowcov_layer);
-    sp_free(c->rowcov_rows);
     sp_free(c->sample);
     sp_free(c->n_sample);
     sp_free(c);

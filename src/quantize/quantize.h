@@ -86,7 +86,6 @@ struct sp_calib {
     double **rowcov;    /* (n_tensors) each ne[1] packed lower triangles, or NULL */
     float **rowcov_w;   /* (n_tensors) the tensor's F32 weights while collecting */
     int32_t *rowcov_layer; /* (n_tensors) layer of an FFN gate, n_layers for the head, else -1 */
-    int64_t *rowcov_rows;  /* (n_tensors) rows of the tensors that have them */
     int32_t rowcov_stride; /* every rowcov_stride-th token is sampled */
     int32_t n_tokens;   /* tokens run through the model */
     int32_t n_chunks;
