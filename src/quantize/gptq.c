@@ -272,6 +272,7 @@ static sp_status gptq_pass(const struct sp_gptq *g, const struct sp_native_layou
             if (rc) return rc;
             const struct grid base = header_grid(L, enc);
             double best = INFINITY;
+            grids[b] = base; /* kept if no candidate's cost is a number */
             for (int c = 0; c < N_CAND; c++) {
                 struct grid cg = base;
                 if (c > 0) {
