@@ -814,8 +814,36 @@ static void test_stories260k(void) {
     sp_model_file_free(mf);
 }
 
+/* sp_native_pack_block: given codes, scale and min, every type decodes to
+ * d * q (+ m) with d and m as stored, out-of-range codes are clamped, and a
+ * padded block's tail decodes to (about) zero. */
+static void test_pack(void) {
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        const int lo = t->asym ? 0 : -(1 << (t->bits - 1)), hi = t->asym ? (1 << t->bits) - 1 : (1 << (t->bits - 1)) - 1;
+        const int nv = t->block - 5; /* a padded block */
+        int32_t code[128];
+        for (int i = 0; i < nv; i++) code[i] = lo + (i * 7) % (hi - lo + 3) - 1; /* a few outside [lo, hi] */
+        const float d = t->e8 ? 0.0078125f : 0.0123f, m = t->asym ? -0.09f : 0.0f;
+        uint8_t blk[256];
+        float out[128];
+        CHECK(sp_native_pack_block(t->id, code, nv, d, m, blk) == SP_OK);
+        sp_qtraits_ref(t->id)->to_float(blk, out, t->block);
+        const float ds = t->e8 ? d : sp_fp16_to_fp32(sp_fp32_to_fp16(d)), ms = sp_fp16_to_fp32(sp_fp32_to_fp16(m));
+        bool ok = true;
+        for (int i = 0; i < nv; i++) {
+            const int q = code[i] < lo ? lo : code[i] > hi ? hi : code[i];
+            ok &= out[i] == (t->asym ? ds * (float)q + ms : ds * (float)q);
+        }
+        for (int i = nv; i < t->block; i++) ok &= fabsf(out[i]) <= 0.5f * ds;
+        CHECKF(ok, "%s: packed block does not decode to its codes", t->name);
+    }
+    CHECK(sp_native_pack_block(SP_QTYPE_Q8_0, NULL, 0, 1.0f, 0.0f, NULL) == SP_E_INVALID);
+}
+
 int main(void) {
     sp_quant_init();
+    test_pack();
     test_names();
     test_layouts();
     test_roundtrip();

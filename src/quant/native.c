@@ -434,6 +434,42 @@ static void quantize_row(const struct sp_native_layout *L, const float *src, int
     }
 }
 
+sp_status sp_native_pack_block(uint32_t t, const int32_t *code, int nv, float d, float m, void *blk) {
+    const struct sp_native_layout *L = sp_native_layout(t);
+    if (!L || nv < 0 || nv > L->block) {
+        return sp_err(SP_E_INVALID, "%s: type %u is not a native weight type, or %d values do not fit its block",
+                      __func__, (unsigned)t, nv);
+    }
+    uint8_t *b = blk;
+    memset(b, 0, L->bytes);
+    uint8_t *planes = b + L->head;
+    if (L->e8) {
+        uint32_t bits;
+        memcpy(&bits, &d, 4);
+        b[0] = (uint8_t)((bits >> 23) & 0xff); /* the exponent of a power of two */
+    } else {
+        const uint16_t dh = sp_fp32_to_fp16(d);
+        memcpy(b, &dh, 2);
+    }
+    if (L->asym) {
+        const int umax = (1 << L->bits) - 1;
+        const uint16_t mh = sp_fp32_to_fp16(m);
+        memcpy(b + 2, &mh, 2);
+        const float df = sp_fp16_to_fp32(sp_fp32_to_fp16(d)), mf = sp_fp16_to_fp32(mh);
+        const int pad = df != 0 ? qround(-mf / df, 0, umax) : 0;
+        for (int i = 0; i < L->block; i++) {
+            code_set(L, planes, i, (unsigned)(i < nv ? SP_MAX(0, SP_MIN(umax, code[i])) : pad));
+        }
+        return SP_OK;
+    }
+    const int lo = -(1 << (L->bits - 1)), hi = (1 << (L->bits - 1)) - 1;
+    for (int i = 0; i < L->block; i++) {
+        const int q = i < nv ? SP_MAX(lo, SP_MIN(hi, code[i])) : 0;
+        code_set(L, planes, i, L->bits == 8 ? (unsigned)(uint8_t)(int8_t)q : (unsigned)(q - lo));
+    }
+    return SP_OK;
+}
+
 /* ========================================================================
  * The reference traits table
  * ======================================================================== */

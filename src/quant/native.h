@@ -146,4 +146,14 @@ bool sp_qtype_is_native(uint32_t t);
 sp_status sp_quantize_rows(uint32_t t, const float *src, int64_t n_rows, int64_t n_per_row, const float *imp,
                            void *dst);
 
+/* Encode one block of native type t from codes chosen elsewhere (gptq.c
+ * rounds against a grid of its own choosing): code[0..nv) are the signed q of
+ * a symmetric kind (clamped to its range) or the unsigned u of an asymmetric
+ * one, d the scale -- stored as FP16, or for an E8M0 type as the exponent of
+ * d, which must then be a positive power of two -- and m the asymmetric
+ * kinds' min (FP16; ignored otherwise).  Elements past nv (a padded last
+ * block) get the code nearest 0.  Decoding gives d * q (+ m) with d and m as
+ * stored.  SP_E_INVALID if t is not a native weight type. */
+sp_status sp_native_pack_block(uint32_t t, const int32_t *code, int nv, float d, float m, void *blk);
+
 #endif /* SP_QUANT_NATIVE_H */

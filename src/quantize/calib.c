@@ -16,14 +16,72 @@
 #include "core/file.h"
 #include "model/ops.h"
 
+#include <math.h>
+
 #define CALIB_TEXT_MAX ((uint64_t)64 << 20)
 #define CALIB_SAMPLES 128                          /* input rows kept per distinct input */
 #define CALIB_SAMPLE_BUDGET ((uint64_t)512 << 20)  /* bytes of them, all inputs together */
 
+#define ROWCOV_TOKENS 1024  /* tokens sampled for the row Hessians */
+#define ROWCOV_PMIN 1e-5    /* output rows of tokens less likely than this skip a token */
+
 struct observer {
+    const struct sp_model *m;
     const struct sp_model_file *mf;
     struct sp_calib *c;
+    double *xx;   /* (n (n + 1) / 2) the current token's x x^T, lower triangle */
+    float *act;   /* (max(2 n_ff, n_vocab)) row outputs */
 };
+
+static void add_scaled(double *restrict dst, const double *restrict src, double s, int64_t n) {
+    for (int64_t k = 0; k < n; k++) dst[k] += s * src[k];
+}
+
+/* The row Hessians' share of one observed token x (n wide) of tensor i:
+ * for an FFN gate, the rows of gate and up weighted by the SwiGLU product's
+ * sensitivity to them (silu'(g) u for gate, silu(g) for up); for the output
+ * head, the rows weighted by the token probabilities p_v (the diagonal of the
+ * softmax's Fisher information, so that KL(ref || model) ~ sum_v p_v dz_v^2 / 2
+ * up to the mean shift). */
+static void observe_rows(struct observer *o, uint32_t i, const float *x, int64_t n) {
+    struct sp_calib *c = o->c;
+    const int64_t nt = n * (n + 1) / 2;
+    for (int64_t a = 0, k = 0; a < n; a++) {
+        for (int64_t b = 0; b <= a; b++) o->xx[k++] = (double)x[a] * x[b];
+    }
+    const int32_t il = c->rowcov_layer[i];
+    if (il < (int32_t)o->mf->hp.n_layers) {
+        const uint32_t iu = (uint32_t)(o->m->layers[il].ffn_up - o->mf->tensors);
+        const int64_t nff = o->mf->tensors[i].ne[1];
+        const float *wg = c->rowcov_w[i], *wu = c->rowcov_w[iu];
+        for (int64_t j = 0; j < nff; j++) {
+            float g = 0, u = 0;
+            for (int64_t k = 0; k < n; k++) {
+                g += wg[j * n + k] * x[k];
+                u += wu[j * n + k] * x[k];
+            }
+            const double sg = 1.0 / (1.0 + exp(-(double)g)), silu = g * sg, dsilu = sg * (1.0 + g * (1.0 - sg));
+            add_scaled(c->rowcov[i] + (size_t)(j * nt), o->xx, dsilu * dsilu * u * u, nt);
+            add_scaled(c->rowcov[iu] + (size_t)(j * nt), o->xx, silu * silu, nt);
+        }
+        return;
+    }
+    const int64_t nv = o->mf->tensors[i].ne[1];
+    const float *w = c->rowcov_w[i];
+    float *z = o->act, zmax = -INFINITY;
+    for (int64_t v = 0; v < nv; v++) {
+        float s = 0;
+        for (int64_t k = 0; k < n; k++) s += w[v * n + k] * x[k];
+        z[v] = s;
+        zmax = SP_MAX(zmax, s);
+    }
+    double sum = 0;
+    for (int64_t v = 0; v < nv; v++) sum += exp((double)z[v] - zmax);
+    for (int64_t v = 0; v < nv; v++) {
+        const double p = exp((double)z[v] - zmax) / sum;
+        if (p >= ROWCOV_PMIN) add_scaled(c->rowcov[i] + (size_t)(v * nt), o->xx, p, nt);
+    }
+}
 
 /* sp_fwd_observe_fn: accumulate x^2 per input channel of t; when t owns
  * its input's extra statistics, x x^T (lower triangle) and every
@@ -36,8 +94,10 @@ static void observe(void *ctx, const struct sp_tensor_desc *t, const float *x, i
     double *s = c->sumsq[i], *cov = c->cov ? c->cov[i] : NULL;
     float *smp = c->sample ? c->sample[i] : NULL;
     const int64_t n = t->ne[0];
+    const bool rows = c->rowcov && c->rowcov_layer[i] >= 0 && c->rowcov[i];
     for (uint32_t r = 0; r < n_tok; r++) {
         const float *xr = x + (size_t)r * (size_t)x_ld;
+        if (rows && (c->count[i] + r) % (uint64_t)c->rowcov_stride == 0) observe_rows(o, (uint32_t)i, xr, n);
         for (int64_t k = 0; k < n; k++) s[k] += (double)xr[k] * xr[k];
         for (int64_t a = 0; cov && a < n; a++) {
             const double xa = xr[a];
@@ -65,7 +125,7 @@ static int owners_of(const struct sp_model *m, uint32_t il, const struct sp_tens
 
 /* Covariances and samples for the owners, each kind if all of it fits its
  * budget (all or nothing, so that every layer is treated alike). */
-static sp_status extra_alloc(const struct sp_model *m, struct sp_calib *c, uint64_t cov_budget, int32_t n_tokens) {
+static sp_status extra_alloc(struct sp_model *m, struct sp_calib *c, uint64_t cov_budget, int32_t n_tokens) {
     const struct sp_model_file *mf = m->mf;
     const struct sp_tensor_desc *own[4];
     if (!(c->cov_of = sp_malloc(mf->n_tensors * sizeof(int32_t)))) {
@@ -89,6 +149,18 @@ static sp_status extra_alloc(const struct sp_model *m, struct sp_calib *c, uint6
             c->cov_of[IDX(L->ffn_up)] = IDX(L->ffn_gate);
         }
     }
+    /* row Hessians: FFN gate and up of every layer, and the output head */
+    uint64_t row_bytes = 0;
+    for (uint32_t il = 0; il <= mf->hp.n_layers; il++) {
+        const struct sp_tensor_desc *t[2] = {il < mf->hp.n_layers ? m->layers[il].ffn_gate : m->output,
+                                             il < mf->hp.n_layers ? m->layers[il].ffn_up : NULL};
+        if (!t[0] || (!t[1] && il < mf->hp.n_layers)) continue;
+        for (int k = 0; k < 2 && t[k]; k++) {
+            const uint64_t w = (uint64_t)t[k]->ne[0];
+            row_bytes += (uint64_t)t[k]->ne[1] * (w * (w + 1) / 2 * sizeof(double) + w * sizeof(float));
+        }
+    }
+    const bool want_rows = cov_budget && cov_bytes + row_bytes <= cov_budget;
     const bool want_cov = cov_budget && cov_bytes <= cov_budget, want_smp = smp_bytes <= CALIB_SAMPLE_BUDGET;
     if (!want_cov) {
         SP_LOG_I("sp_calib_run: input covariances need %llu bytes: per-channel statistics only",
@@ -109,6 +181,30 @@ static sp_status extra_alloc(const struct sp_model *m, struct sp_calib *c, uint6
             return sp_err(SP_E_NOMEM, "sp_calib_run: out of memory for activation statistics");
         }
     }
+    if (want_rows) {
+        if (!(c->rowcov = sp_calloc(mf->n_tensors, sizeof(*c->rowcov))) ||
+            !(c->rowcov_w = sp_calloc(mf->n_tensors, sizeof(*c->rowcov_w))) ||
+            !(c->rowcov_layer = sp_malloc(mf->n_tensors * sizeof(int32_t)))) {
+            return sp_err(SP_E_NOMEM, "sp_calib_run: out of memory");
+        }
+        for (uint32_t i = 0; i < mf->n_tensors; i++) c->rowcov_layer[i] = -1;
+        c->rowcov_stride = SP_MAX(1, n_tokens / ROWCOV_TOKENS);
+        for (uint32_t il = 0; il <= mf->hp.n_layers; il++) {
+            const struct sp_tensor_desc *t[2] = {il < mf->hp.n_layers ? m->layers[il].ffn_gate : m->output,
+                                                 il < mf->hp.n_layers ? m->layers[il].ffn_up : NULL};
+            if (!t[0] || (!t[1] && il < mf->hp.n_layers)) continue;
+            c->rowcov_layer[IDX(t[0])] = (int32_t)il;
+            for (int k = 0; k < 2 && t[k]; k++) {
+                const size_t w = (size_t)t[k]->ne[0], nr = (size_t)t[k]->ne[1];
+                if (!(c->rowcov[IDX(t[k])] = sp_calloc(nr * w * (w + 1) / 2, sizeof(double))) ||
+                    !(c->rowcov_w[IDX(t[k])] = sp_malloc(nr * w * sizeof(float)))) {
+                    return sp_err(SP_E_NOMEM, "sp_calib_run: out of memory for row Hessians");
+                }
+                sp_status rc = sp_qread_rows(m, t[k], 0, (int64_t)nr, c->rowcov_w[IDX(t[k])]);
+                if (rc) return rc;
+            }
+        }
+    }
 #undef IDX
     return SP_OK;
 }
@@ -117,6 +213,10 @@ static sp_status extra_alloc(const struct sp_model *m, struct sp_calib *c, uint6
 const double *sp_calib_cov(const struct sp_calib *c, uint32_t i) {
     if (!c || !c->cov || i >= c->n_tensors || c->cov_of[i] < 0) return NULL;
     return c->cov[c->cov_of[i]];
+}
+
+const double *sp_calib_rowcov(const struct sp_calib *c, uint32_t i) {
+    return c && c->rowcov && i < c->n_tensors ? c->rowcov[i] : NULL;
 }
 
 const float *sp_calib_samples(const struct sp_calib *c, uint32_t i, int32_t *n) {
@@ -136,6 +236,11 @@ void sp_calib_free(struct sp_calib *c) {
     for (uint32_t i = 0; c->sample && i < c->n_tensors; i++) sp_free(c->sample[i]);
     sp_free(c->cov);
     sp_free(c->cov_of);
+    for (uint32_t i = 0; c->rowcov && i < c->n_tensors; i++) sp_free(c->rowcov[i]);
+    for (uint32_t i = 0; c->rowcov_w && i < c->n_tensors; i++) sp_free(c->rowcov_w[i]);
+    sp_free(c->rowcov);
+    sp_free(c->rowcov_w);
+    sp_free(c->rowcov_layer);
     sp_free(c->sample);
     sp_free(c->n_sample);
     sp_free(c);
@@ -225,6 +330,8 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
     struct sp_fwd *f = NULL;
     struct sp_kv_cache *kv = NULL;
     int32_t *toks = NULL, n_toks = 0;
+    double *obs_xx = NULL;
+    float *obs_act = NULL;
     sp_status rc;
     if (n_chunks <= 0 || ctx < 2) return sp_err(SP_E_INVALID, "%s: need chunks > 0 and ctx >= 2", __func__);
     if (hp->n_ctx_train && (uint32_t)ctx > hp->n_ctx_train) ctx = (int32_t)hp->n_ctx_train;
@@ -243,7 +350,16 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
         (rc = sp_fwd_init(m, (uint32_t)ctx, (uint32_t)ctx, n_threads, &f))) {
         goto done;
     }
-    struct observer o = {m->mf, c};
+    if (c->rowcov) {
+        const int64_t w = hp->n_embd;
+        if (!(obs_xx = sp_malloc((size_t)(w * (w + 1) / 2) * sizeof(double))) ||
+            !(obs_act = sp_malloc((size_t)SP_MAX((int64_t)m->mf->vocab.n_tokens, 2 * (int64_t)m->n_ff_max) *
+                                  sizeof(float)))) {
+            rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+            goto done;
+        }
+    }
+    struct observer o = {m, m->mf, c, obs_xx, obs_act};
     f->observe = observe;
     f->observe_ctx = &o;
     const int32_t bos = m->mf->vocab.bos;
@@ -266,6 +382,10 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
         for (int64_t a = 0; cov && a < c->width[i]; a++) { /* mirror the lower triangle */
             for (int64_t b = 0; b < a; b++) cov[b * c->width[i] + a] = cov[a * c->width[i] + b];
         }
+        if (c->rowcov_w) { /* the weights were only needed while observing */
+            sp_free(c->rowcov_w[i]);
+            c->rowcov_w[i] = NULL;
+        }
     }
     *out = c;
     c = NULL;
@@ -273,6 +393,8 @@ done:
     sp_fwd_free(f);
     sp_kv_free(kv);
     sp_free(toks);
+    sp_free(obs_xx);
+    sp_free(obs_act);
     sp_calib_free(c);
     return rc;
 }

@@ -78,6 +78,15 @@ struct sp_calib {
                            floats each), every sample_stride-th token; else NULL */
     int32_t *n_sample;  /* (n_tensors) rows held */
     int32_t sample_cap, sample_stride;
+    /* Row Hessians: for tensors whose rows matter unequally to
+     * the model's output -- FFN gate and up (through the SwiGLU product) and
+     * the output head (through the softmax) -- per row j the sum over sampled
+     * tokens of c_j^2 x x^T (lower triangle), c_j the sensitivity of the
+     * model to that row's output on the token; NULL when not collected. */
+    double **rowcov;    /* (n_tensors) each ne[1] packed lower triangles, or NULL */
+    float **rowcov_w;   /* (n_tensors) the tensor's F32 weights while collecting */
+    int32_t *rowcov_layer; /* (n_tensors) layer of an FFN gate, n_layers for the head, else -1 */
+    int32_t rowcov_stride; /* every rowcov_stride-th token is sampled */
     int32_t n_tokens;   /* tokens run through the model */
     int32_t n_chunks;
 };
@@ -94,6 +103,11 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
 
 /* The covariance (width x width sums of x x^T) of tensor i's input, or NULL. */
 const double *sp_calib_cov(const struct sp_calib *c, uint32_t i);
+
+/* The row Hessians of tensor i, or NULL: ne[1] packed lower triangles of
+ * ne[0] x ne[0] (row a's elements 0..a, rows in order: ne[0] (ne[0] + 1) / 2
+ * doubles per tensor row). */
+const double *sp_calib_rowcov(const struct sp_calib *c, uint32_t i);
 
 /* Sampled input rows of tensor i (*n of them, width floats each), or NULL. */
 const float *sp_calib_samples(const struct sp_calib *c, uint32_t i, int32_t *n);
@@ -168,15 +182,26 @@ sp_status sp_gptq_init(const double *h, int64_t n_full, const float *col_mul, co
                        int64_t block, struct sp_gptq **out);
 void sp_gptq_free(struct sp_gptq *g);
 
+/* What sp_gptq_rows did: rows quantized, and of those the rows whose final
+ * scales came from a least-squares refit rather than the first pass. */
+struct sp_gptq_stats {
+    int64_t n_rows, n_refit;
+};
+
 /* Quantize n_rows rows of w (n floats each, n = the factor's size) into
- * native type t at dst (n_rows * row_bytes): block scales from
- * sp_quantize_rows with importance imp (or NULL), values rounded with error
- * feedback.  w is overwritten with the values the rows now hold.  work:
- * scratch of 3 n + 128 floats.  *n_regrid counts blocks whose re-encoding
- * moved off the grid the feedback assumed (expected 0).  Thread-safe for
- * disjoint rows and scratch. */
+ * native type t at dst (n_rows * row_bytes).  Each row: one GPTQ pass in
+ * which every block's grid is chosen as it is reached (the block quantizer's
+ * scale with importance imp, or NULL, and a few multiples of it; the one
+ * whose rounding adds the least output error wins); then, codes fixed, the
+ * blocks' scales (and mins) are refit by least squares on the output error
+ * (w - q)^T H (w - q), the row re-rounded with those grids, and refit once
+ * more; whichever of the four has the least output error is improved by a
+ * greedy search over single codes (+-1 while the output error drops) and a
+ * last refit of the scales, and written.  w is
+ * overwritten with the values the rows now hold.  *st (or NULL) is added to.
+ * Thread-safe for disjoint rows.  SP_E_NOMEM, SP_E_INVALID (not native). */
 sp_status sp_gptq_rows(const struct sp_gptq *g, uint32_t t, float *w, int64_t n_rows, const float *imp, void *dst,
-                       float *work, int64_t *n_regrid);
+                       struct sp_gptq_stats *st);
 
 /* ---- activation-aware channel scaling (scale.c) ----------------------------
  * Per tensor, multipliers for its input channels (col, source ne[0]) and its
