@@ -10,9 +10,11 @@
 #define SP_TEST_ISA_H
 
 #include "core/cpu.h"
+#include "quant/quant.h"
 
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 
 enum test_isa { TEST_ISA_AVX2, TEST_ISA_AVX512, TEST_ISA_NEON, TEST_ISA_DOTPROD };
 
@@ -50,6 +52,38 @@ static inline int test_isa_levels(struct test_isa_level lv[TEST_ISA_MAX]) {
 #endif
     for (int i = 0; i < n; i++) {
         printf("level %-16s %s\n", lv[i].name, lv[i].have ? "tested" : "skipped (CPU lacks it, or tested by another binary)");
+    }
+    return n;
+}
+
+/* A level's dispatch table for the types [first, first + count). */
+struct test_level {
+    const char *name;
+    bool have;
+    struct sp_qtraits *tab; /* tab[t - first] */
+};
+
+/* Registers a level's kernels (lv says which) in tab. */
+typedef void (*test_isa_register_fn)(struct sp_qtraits *tab, const struct test_isa_level *lv);
+
+/* Fills levels[0..n) (n returned) with tables tabs[k * count ..], each a
+ * copy of the reference traits of [first, first + count) plus, for levels
+ * that run here, what reg registers. */
+static inline int test_setup_levels(struct test_level levels[TEST_ISA_MAX], struct sp_qtraits *tabs, uint32_t first,
+                                    uint32_t count, test_isa_register_fn reg) {
+    struct test_isa_level isa[TEST_ISA_MAX];
+    const int n = test_isa_levels(isa);
+    for (int k = 0; k < n; k++) {
+        struct test_level *l = &levels[k];
+        l->name = isa[k].name;
+        l->have = isa[k].have;
+        l->tab = tabs + (size_t)k * count;
+        memset(l->tab, 0, sizeof(struct sp_qtraits) * count);
+        for (uint32_t i = 0; i < count; i++) {
+            const struct sp_qtraits *r = sp_qtraits_ref(first + i);
+            if (r) l->tab[i] = *r;
+        }
+        if (l->have) reg(l->tab, &isa[k]);
     }
     return n;
 }

@@ -42,40 +42,24 @@ static void rng_seed(uint64_t s) {
 
 /* ---- ISA levels ------------------------------------------------------------ */
 
-struct level {
-    const char *name;
-    bool have;
-    struct sp_qtraits tab[SP_QTYPE_COUNT];
-};
-
 static int n_levels;
-static struct level levels[3];
+static struct test_level levels[TEST_ISA_MAX];
+static struct sp_qtraits level_tabs[TEST_ISA_MAX][SP_QTYPE_COUNT];
 
-static void ref_copy(struct sp_qtraits *tab) {
-    memset(tab, 0, sizeof(struct sp_qtraits) * SP_QTYPE_COUNT);
-    for (int t = 0; t < SP_QTYPE_COUNT; t++) {
-        const struct sp_qtraits *r = sp_qtraits_ref((uint32_t)t);
-        if (r) tab[t] = *r;
-    }
+static void register_level(struct sp_qtraits *tab, const struct test_isa_level *lv) {
+#if defined(__x86_64__)
+    sp_quant_register_avx2(tab, &lv->feat);
+    if (lv->isa == TEST_ISA_AVX512) sp_quant_register_avx512(tab, &lv->feat);
+#elif defined(__aarch64__)
+    sp_quant_register_neon(tab, &lv->feat);
+#else
+    (void)tab;
+    (void)lv;
+#endif
 }
 
 static void setup_levels(void) {
-    struct test_isa_level isa[TEST_ISA_MAX];
-    n_levels = test_isa_levels(isa);
-    for (int i = 0; i < n_levels; i++) {
-        struct level *l = &levels[i];
-        const struct sp_cpu_features *f = &isa[i].feat;
-        l->name = isa[i].name;
-        l->have = isa[i].have;
-        ref_copy(l->tab);
-        if (!l->have) continue;
-#if defined(__x86_64__)
-        sp_quant_register_avx2(l->tab, f);
-        if (isa[i].isa == TEST_ISA_AVX512) sp_quant_register_avx512(l->tab, f);
-#elif defined(__aarch64__)
-        sp_quant_register_neon(l->tab, f);
-#endif
-    }
+    n_levels = test_setup_levels(levels, &level_tabs[0][0], 0, SP_QTYPE_COUNT, register_level);
 }
 
 /* ---- random rows -------------------------------------------------------------- */
@@ -175,7 +159,7 @@ static void rand_act(enum sp_qtype at, float *x, int64_t n, int kind) {
     }
 }
 
-static void test_from_float(const struct level *l) {
+static void test_from_float(const struct test_level *l) {
     static const enum sp_qtype act[] = {SP_QTYPE_F16, SP_QTYPE_BF16, SP_QTYPE_Q8_0, SP_QTYPE_Q8_1, SP_QTYPE_Q8_K};
     const int64_t n = 1 << 18; /* 5 kinds x 2 seeds x 256K = 2.6M values per type */
     float *x = malloc((size_t)n * sizeof *x);
@@ -217,7 +201,7 @@ static void test_from_float(const struct level *l) {
 /* ---- to_float vs reference --------------------------------------------------------- */
 
 /* Every F16 bit pattern, at every start alignment and tail length. */
-static void test_to_float(const struct level *l) {
+static void test_to_float(const struct test_level *l) {
     const sp_to_float_fn got = l->tab[SP_QTYPE_F16].to_float, ref = sp_qtraits_ref(SP_QTYPE_F16)->to_float;
     if (got == ref) return;
     enum { N = 65536 + 16 };
@@ -239,7 +223,7 @@ static void test_to_float(const struct level *l) {
 
 /* ---- vec_dot vs reference -------------------------------------------------------- */
 
-static void test_vec_dot(const struct level *l) {
+static void test_vec_dot(const struct test_level *l) {
     static const int64_t sizes32[] = {32, 96, 224, 4096, 11008, 14336};
     static const int64_t sizesk[] = {256, 768, 4096, 11008, 14336};
     static const int64_t sizesf[] = {1, 7, 31, 33, 100, 4096, 11008, 14336};
@@ -287,7 +271,7 @@ static void test_vec_dot(const struct level *l) {
 
 /* One gemm configuration set for type t at row length n; small: every token
  * and row count, else a few (long rows cross the kernels' K chunks). */
-static void gemm_case(const struct level *l, enum sp_qtype t, int64_t n, bool small, double *worst, int *bad) {
+static void gemm_case(const struct test_level *l, enum sp_qtype t, int64_t n, bool small, double *worst, int *bad) {
     static const int64_t toks_all[] = {1, 2, 3, 4, 5, 7, 8, 16, 33}, toks_few[] = {1, 3, 33};
     /* 41 rows: more than one 32-row block of the x86 strip gemms, and a partial strip */
     static const int64_t rows_all[] = {1, 5, 13, 41}, rows_few[] = {5};
@@ -345,7 +329,7 @@ static void gemm_case(const struct level *l, enum sp_qtype t, int64_t n, bool sm
     free(y);
 }
 
-static void test_gemm(const struct level *l) {
+static void test_gemm(const struct test_level *l) {
     for (size_t k = 0; k < SP_ARRAY_LEN(weight_types); k++) {
         const enum sp_qtype t = weight_types[k];
         const struct sp_qtraits *tr = &l->tab[t];

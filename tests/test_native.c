@@ -497,44 +497,28 @@ static void test_ref_dot(void) {
 
 /* ---- SIMD levels ------------------------------------------------------------------- */
 
-struct level {
-    const char *name;
-    bool have;
-    struct sp_qtraits ntab[SP_QTYPE_NATIVE_COUNT];
-};
-
 static int n_levels;
-static struct level levels[3];
+static struct test_level levels[TEST_ISA_MAX];
+static struct sp_qtraits level_tabs[TEST_ISA_MAX][SP_QTYPE_NATIVE_COUNT];
 
-static void ref_copy(struct sp_qtraits *ntab) {
-    memset(ntab, 0, sizeof(struct sp_qtraits) * SP_QTYPE_NATIVE_COUNT);
-    for (uint32_t i = 0; i < SP_QTYPE_NATIVE_COUNT; i++) {
-        const struct sp_qtraits *r = sp_qtraits_ref(SP_QTYPE_NATIVE_FIRST + i);
-        if (r) ntab[i] = *r;
-    }
+static void register_level(struct sp_qtraits *tab, const struct test_isa_level *lv) {
+#if defined(__x86_64__)
+    if (lv->isa == TEST_ISA_AVX512) sp_quant_register_native_avx512(tab, &lv->feat);
+    else sp_quant_register_native_avx2(tab, &lv->feat);
+#elif defined(__aarch64__)
+    sp_quant_register_native_neon(tab, &lv->feat);
+#else
+    (void)tab;
+    (void)lv;
+#endif
 }
 
 static void setup_levels(void) {
-    struct test_isa_level isa[TEST_ISA_MAX];
-    n_levels = test_isa_levels(isa);
-    for (int i = 0; i < n_levels; i++) {
-        struct level *l = &levels[i];
-        const struct sp_cpu_features *f = &isa[i].feat;
-        l->name = isa[i].name;
-        l->have = isa[i].have;
-        ref_copy(l->ntab);
-        if (!l->have) continue;
-#if defined(__x86_64__)
-        if (isa[i].isa == TEST_ISA_AVX512) sp_quant_register_native_avx512(l->ntab, f);
-        else sp_quant_register_native_avx2(l->ntab, f);
-#elif defined(__aarch64__)
-        sp_quant_register_native_neon(l->ntab, f);
-#endif
-    }
+    n_levels = test_setup_levels(levels, &level_tabs[0][0], SP_QTYPE_NATIVE_FIRST, SP_QTYPE_NATIVE_COUNT, register_level);
 }
 
-static const struct sp_qtraits *lvl(const struct level *l, uint32_t t) {
-    return &l->ntab[t - SP_QTYPE_NATIVE_FIRST];
+static const struct sp_qtraits *lvl(const struct test_level *l, uint32_t t) {
+    return &l->tab[t - SP_QTYPE_NATIVE_FIRST];
 }
 
 /* Activation patterns for the x8 quantizer: normals, ties, zero blocks,
@@ -556,7 +540,7 @@ static void rand_act(float *x, int64_t n, int kind) {
     }
 }
 
-static void test_simd_x8(const struct level *l) {
+static void test_simd_x8(const struct test_level *l) {
     const struct sp_qtraits *ref = sp_qtraits_ref(SP_QTYPE_X8), *got = lvl(l, SP_QTYPE_X8);
     static const int64_t sizes[] = {1, 5, 31, 32, 33, 127, 172, 200, 4096, 65536 + 77};
     const int64_t nmax = 65536 + 77;
@@ -587,7 +571,7 @@ static void test_simd_x8(const struct level *l) {
     free(b);
 }
 
-static void test_simd_dot(const struct level *l) {
+static void test_simd_dot(const struct test_level *l) {
     const int64_t nmax = 11008;
     uint8_t *w = malloc((size_t)nmax * 2), *xq = malloc((size_t)nmax * 2);
     float *xf = malloc((size_t)nmax * sizeof *xf), *fa = malloc((size_t)nmax * 4), *fb = malloc((size_t)nmax * 4);
@@ -628,7 +612,7 @@ static void test_simd_dot(const struct level *l) {
 
 /* gemm against the same level's vec_dot: every (row, token) bit for bit,
  * nothing written outside the output, no allocation. */
-static void test_simd_gemm(const struct level *l) {
+static void test_simd_gemm(const struct test_level *l) {
     static const int64_t toks[] = {1, 2, 3, 4, 5, 7, 9}, rows[] = {1, 3, 6};
     static const int64_t sizes[] = {33, 172, 4096 + 64};
     const int64_t max_rows = 6, max_tok = 9, ldy = max_rows + 2;
