@@ -141,7 +141,7 @@ void sp_kv_attend(const struct sp_kv_cache *kv, uint32_t il, uint32_t kh, uint32
     } else {
         const sp_vec_dot_fn dot = sp_qtraits_get(SP_QTYPE_F16)->vec_dot;
         uint16_t qh[SP_KV_MAX_HEAD_DIM];
-        for (uint32_t i = 0; i < hd_k; i++) qh[i] = sp_fp32_to_fp16(q[i]);
+        sp_qtraits_get(SP_QTYPE_F16)->from_float(q, qh, hd_k);
         const uint16_t *k = (const uint16_t *)kv->k + base * kv->k_dim + (size_t)kh * hd_k;
         for (uint32_t p = 0; p < n_pos; p++) dot(hd_k, &att[p], k + (size_t)p * kv->k_dim, qh);
     }
