@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
                                      SP_QTYPE_Q2_K, SP_QTYPE_Q3_K, SP_QTYPE_Q5_K};
     /* native: every id is looked at; without arguments only these run */
     static const char *const native_default[] = {"i4_b32", "i4_b64", "i4_b128", "i4_b128_e8", "i3_b64",
-                                                 "i3_b128", "i6_b64", "i8_b32", "i4a_b64", "i3a_b64"};
+                                                 "i3_b128", "i6_b64", "i8_b32", "i4a_b64", "i3a_b64", "i4n_b64"};
     const char *mb_env = getenv("SPARROW_BENCH_MB");
     const size_t big = (size_t)(mb_env ? atoi(mb_env) : 256) << 20, small = 256u << 10;
     sp_quant_init();

@@ -42,14 +42,14 @@ def tensors(model, tmp):
 
 
 def row_bytes(t, ne0):
-    """Bytes of a row of ne0 elements: native names i<bits>[a]_b<block>[_e8], or F32/F16."""
+    """Bytes of a row of ne0 elements: native names i<bits>[a|n]_b<block>[_e8], or F32/F16."""
     if t in ("F32", "F16"):
         return ne0 * (4 if t == "F32" else 2)
-    m = re.fullmatch(r"i(\d)(a?)_b(\d+)(_e8)?", t)
+    m = re.fullmatch(r"i(\d)([an]?)_b(\d+)(_e8)?", t)
     if not m:
         sys.exit("quant-sens.py: cannot size type %s" % t)
-    bits, asym, blk, e8 = int(m.group(1)), m.group(2), int(m.group(3)), m.group(4)
-    head = 4 if asym else 1 if e8 else 2
+    bits, kind, blk, e8 = int(m.group(1)), m.group(2), int(m.group(3)), m.group(4)
+    head = 4 if kind == "a" else 1 if e8 else 2
     return -(-ne0 // blk) * (head + blk * bits // 8)
 
 

@@ -53,11 +53,12 @@ struct ntype {
     const char *name;
     uint32_t id;
     int bits, block;
-    bool asym, e8;
+    bool asym, e8, nl;
 };
 
 #define NT_ENTRY(nm, kind, blk, e8) \
-    {#nm, SP_NATIVE_ID(kind, blk, e8), SP_NATIVE_KIND_BITS(kind), 32 << (blk), SP_NATIVE_KIND_ASYM(kind), (e8)},
+    {#nm, SP_NATIVE_ID(kind, blk, e8), SP_NATIVE_KIND_BITS(kind), 32 << (blk), SP_NATIVE_KIND_ASYM(kind), (e8),       \
+     SP_NATIVE_KIND_NL(kind)},
 static const struct ntype types[] = {SP_NATIVE_TYPES(NT_ENTRY)};
 #define N_TYPES ((int)SP_ARRAY_LEN(types))
 
@@ -69,7 +70,7 @@ static int spec_bytes(const struct ntype *t) {
 /* ---- names, ids, sizes ------------------------------------------------------------ */
 
 static void test_names(void) {
-    CHECK(N_TYPES == 30);
+    CHECK(N_TYPES == 36);
     for (int k = 0; k < N_TYPES; k++) {
         const struct ntype *t = &types[k];
         CHECKF(sp_qtype_from_name(t->name) == (int32_t)t->id, "%s", t->name);
@@ -90,14 +91,15 @@ static void test_names(void) {
                    t->name, (long long)n);
         }
         const struct sp_native_layout *L = sp_native_layout(t->id);
-        CHECKF(L && L->bits == t->bits && L->block == t->block && L->asym == t->asym && L->e8 == t->e8, "%s layout",
-               t->name);
+        CHECKF(L && L->bits == t->bits && L->block == t->block && L->asym == t->asym && L->e8 == t->e8 && L->nl == t->nl,
+               "%s layout", t->name);
     }
     /* the ids of docs/FORMAT.md, spelled out */
     CHECK(sp_qtype_from_name("i3_b32") == 1024 && sp_qtype_from_name("i3_b64_e8") == 1027);
     CHECK(sp_qtype_from_name("i4_b32") == 1032 && sp_qtype_from_name("i4_b128_e8") == 1037);
     CHECK(sp_qtype_from_name("i6_b64") == 1042 && sp_qtype_from_name("i8_b128") == 1052);
     CHECK(sp_qtype_from_name("i3a_b64") == 1058 && sp_qtype_from_name("i4a_b128") == 1068);
+    CHECK(sp_qtype_from_name("i4n_b32") == 1072 && sp_qtype_from_name("i4n_b128_e8") == 1077);
     CHECK(sp_qtype_from_name("x8_b128") == 1151 && sp_qtype_is_native(1151));
     CHECK(sp_qtype_row_bytes(sp_qtype_from_name("i4_b32"), 172) == 6 * 18);
     CHECK(sp_qtype_row_bytes(sp_qtype_from_name("i3_b64"), 172) == 3 * 26);
@@ -111,7 +113,7 @@ static void test_names(void) {
     for (size_t i = 0; i < SP_ARRAY_LEN(bad); i++) CHECKF(sp_qtype_from_name(bad[i]) == -1, "'%s'", bad[i]);
     CHECK(sp_qtype_from_name(NULL) == -1);
     /* holes in the id range are not types */
-    static const uint32_t holes[] = {1030, 1031, 1057, 1059, 1061, 1069, 1072, 1150, 1152, 1023, 31, 4};
+    static const uint32_t holes[] = {1030, 1031, 1057, 1059, 1061, 1069, 1078, 1079, 1080, 1150, 1152, 1023, 31, 4};
     for (size_t i = 0; i < SP_ARRAY_LEN(holes); i++) {
         CHECKF(!sp_qtype_is_native(holes[i]) && !sp_qtraits_get(holes[i]) && !sp_native_layout(holes[i]) &&
                    sp_qtype_row_bytes(holes[i], 64) == 0,
@@ -176,7 +178,10 @@ static void test_layouts(void) {
         sp_qtraits_ref(t->id)->to_float(blk, out, t->block);
         int bad = 0;
         for (int i = 0; i < t->block; i++) {
-            const float q = t->asym ? (float)u[i] : t->bits == 8 ? (float)(int8_t)u[i] : (float)u[i] - (float)(1 << (t->bits - 1));
+            const float q = t->asym     ? (float)u[i]
+                            : t->nl     ? (float)sp_native_nl4[u[i]]
+                            : t->bits == 8 ? (float)(int8_t)u[i]
+                                           : (float)u[i] - (float)(1 << (t->bits - 1));
             const float want = t->asym ? d * q + m : d * q;
             if (out[i] != want && bad++ < 2) fprintf(stderr, "%s element %d: %g, spec %g\n", t->name, i, out[i], want);
         }
@@ -205,8 +210,10 @@ static double rt_bound(const struct ntype *t) {
     static const double sym[4][3] = {{0.205, 0.22, 0.235}, {0.096, 0.104, 0.112}, {0.0235, 0.0255, 0.0275}, {0.0059, 0.0064, 0.0069}};
     static const double e8[4][3] = {{0.24, 0.25, 0.255}, {0.133, 0.144, 0.152}, {0.037, 0.040, 0.042}, {0.0095, 0.0103, 0.0106}};
     static const double asym[2][3] = {{0.175, 0.195, 0.21}, {0.083, 0.091, 0.098}};
+    static const double nl[2][3] = {{0.084, 0.093, 0.100}, {0.119, 0.126, 0.130}}; /* FP16, E8M0 */
     const int bi = t->bits == 3 ? 0 : t->bits == 4 ? 1 : t->bits == 6 ? 2 : 3;
     const int li = t->block == 32 ? 0 : t->block == 64 ? 1 : 2;
+    if (t->nl) return nl[t->e8][li];
     if (t->asym) return asym[bi][li];
     return t->e8 ? e8[bi][li] : sym[bi][li];
 }
@@ -237,7 +244,7 @@ static void test_roundtrip(void) {
     rng_seed(11);
     for (int64_t i = 0; i < n * rows; i++) x[i] = rng_normal();
     printf("round trip, standard-normal rows of %lld: relative RMS error (bound)\n", (long long)n);
-    double fp16_err[4][3] = {{0}};
+    double fp16_err[4][3] = {{0}}, nl_err[3] = {0};
     for (int k = 0; k < N_TYPES; k++) {
         const struct ntype *t = &types[k];
         double e, s;
@@ -246,10 +253,14 @@ static void test_roundtrip(void) {
         printf("  %-11s %6.4f bpw  rel RMS %.4f  (<= %.4f)\n", t->name, bpw, rel, rt_bound(t));
         CHECKF(rel <= rt_bound(t), "%s: rel RMS %.4f > %.4f", t->name, rel, rt_bound(t));
         const int bi = t->bits == 3 ? 0 : t->bits == 4 ? 1 : t->bits == 6 ? 2 : 3, li = t->block / 64;
-        if (!t->asym && !t->e8) fp16_err[bi][li] = rel;
+        double *fp16 = t->nl ? &nl_err[li] : &fp16_err[bi][li]; /* this kind's FP16 error */
+        if (!t->asym && !t->e8) *fp16 = rel;
         /* E8M0 costs accuracy (the step is rounded up to a power of two): at
-         * most 1.75x FP16's error at the same bits and block */
-        if (t->e8) CHECKF(rel > fp16_err[bi][li] && rel < 1.75 * fp16_err[bi][li], "%s vs fp16 %.4f", t->name, fp16_err[bi][li]);
+         * most 1.75x FP16's error at the same kind and block */
+        if (t->e8) CHECKF(rel > *fp16 && rel < 1.75 * *fp16, "%s vs fp16 %.4f", t->name, *fp16);
+        /* the non-uniform levels: at most 0.92x INT4's RMS error (0.85x its
+         * squared error) on the same block, Gaussian weights */
+        if (t->nl && !t->e8) CHECKF(rel < 0.92 * fp16_err[1][li], "%s vs i4 %.4f", t->name, fp16_err[1][li]);
         /* asymmetric INT3 beats symmetric INT3 on the same block */
         if (t->asym && t->bits == 3) CHECKF(rel < fp16_err[0][li], "%s vs i3 %.4f", t->name, fp16_err[0][li]);
         /* deterministic: the same bytes twice */
@@ -306,6 +317,15 @@ static void test_padded(void) {
     }
 }
 
+/* The level of sp_native_nl4 nearest v (by distance, ties to the lower). */
+static float nl_nearest(float v) {
+    int best = 0;
+    for (int k = 1; k < 16; k++) {
+        if (fabsf(v - (float)sp_native_nl4[k]) < fabsf(v - (float)sp_native_nl4[best])) best = k;
+    }
+    return (float)sp_native_nl4[best];
+}
+
 /* E8M0 blocks hold powers of two; the quantizer picks the best of its
  * candidates, so it is never worse than the plain rule 2^ceil(log2(amax/qmax)). */
 static void test_e8m0(void) {
@@ -320,7 +340,8 @@ static void test_e8m0(void) {
         uint8_t *q = malloc(rb);
         sp_quantize_rows(t->id, x, 1, n, NULL, q);
         sp_qtraits_ref(t->id)->to_float(q, y, n);
-        const int qmax = (1 << (t->bits - 1)) - 1, spb = spec_bytes(t);
+        /* the non-uniform kind: its levels, in units of d, reach 127 */
+        const int qmax = t->nl ? 127 : (1 << (t->bits - 1)) - 1, spb = spec_bytes(t);
         double e = 0, e_plain = 0;
         bool ok = true;
         for (int64_t b = 0; b < n / t->block; b++) {
@@ -331,12 +352,13 @@ static void test_e8m0(void) {
             const float d = ldexpf(1.0f, (int)ceilf(log2f(amax / (float)qmax)));
             for (int i = 0; i < t->block; i++) {
                 const float v = x[b * t->block + i];
-                const float qv = fminf(fmaxf(rintf(v / d), (float)(-qmax - 1)), (float)qmax);
+                const float qv = t->nl ? nl_nearest(v / d) : fminf(fmaxf(rintf(v / d), (float)(-qmax - 1)), (float)qmax);
                 e_plain += (double)(v - d * qv) * (v - d * qv);
                 e += (double)(v - y[b * t->block + i]) * (v - y[b * t->block + i]);
-                /* every value is a signed multiple of the block's power of two */
+                /* every value is a signed multiple of the block's power of two
+                 * (the non-uniform kind: a level times it) */
                 const float r = y[b * t->block + i] / sp_e8m0_to_fp32(eb);
-                ok &= r == rintf(r) && r >= (float)(-qmax - 1) && r <= (float)qmax;
+                ok &= t->nl ? r == nl_nearest(r) : r == rintf(r) && r >= (float)(-qmax - 1) && r <= (float)qmax;
             }
         }
         CHECKF(ok, "%s: scale bytes or values off the E8M0 grid", t->name);
@@ -804,7 +826,8 @@ static void test_stories260k(void) {
 static void test_pack(void) {
     for (int k = 0; k < N_TYPES; k++) {
         const struct ntype *t = &types[k];
-        const int lo = t->asym ? 0 : -(1 << (t->bits - 1)), hi = t->asym ? (1 << t->bits) - 1 : (1 << (t->bits - 1)) - 1;
+        const bool u = t->asym || t->nl; /* unsigned codes */
+        const int lo = u ? 0 : -(1 << (t->bits - 1)), hi = u ? (1 << t->bits) - 1 : (1 << (t->bits - 1)) - 1;
         const int nv = t->block - 5; /* a padded block */
         int32_t code[128];
         for (int i = 0; i < nv; i++) code[i] = lo + (i * 7) % (hi - lo + 3) - 1; /* a few outside [lo, hi] */
@@ -817,9 +840,10 @@ static void test_pack(void) {
         bool ok = true;
         for (int i = 0; i < nv; i++) {
             const int q = code[i] < lo ? lo : code[i] > hi ? hi : code[i];
-            ok &= out[i] == (t->asym ? ds * (float)q + ms : ds * (float)q);
+            ok &= out[i] == (t->asym ? ds * (float)q + ms : t->nl ? ds * (float)sp_native_nl4[q] : ds * (float)q);
         }
-        for (int i = nv; i < t->block; i++) ok &= fabsf(out[i]) <= 0.5f * ds;
+        /* the tail: the code nearest zero (the non-uniform kind's is 1) */
+        for (int i = nv; i < t->block; i++) ok &= fabsf(out[i]) <= (t->nl ? 1.0f : 0.5f) * ds;
         CHECKF(ok, "%s: packed block does not decode to its codes", t->name);
     }
     CHECK(sp_native_pack_block(SP_QTYPE_Q8_0, NULL, 0, 1.0f, 0.0f, NULL) == SP_E_INVALID);

@@ -36,12 +36,13 @@
 #define GEN_TOKENS 32
 
 /* Thresholds.  Issue 5 (acceptance 2) asks the best policy at <= 4.5 bpw for
- * at most 0.5x the Q4_0 file's KL; measured here 0.75x (docs/QUANT.md; 0.92x
+ * at most 0.5x the Q4_0 file's KL; measured here 0.585x with q4's
+ * non-uniform 4-bit levels (docs/QUANT.md; 0.75x with uniform INT4, 0.92x
  * before GPTQ's scale search, refit, row Hessians and local search), so this
  * holds what is reached, with a margin for calibration noise, and the gap
  * stays reported.  The q8 target (1.25x the Q8_0 file's) holds with
  * calibration (measured 0.9x); without, q8 measures 1.3x. */
-#define KL_VS_Q4_0 0.9     /* best policy <= 4.5 bpw, calibrated: KL <= this x the Q4_0 file's */
+#define KL_VS_Q4_0 0.65    /* best policy <= 4.5 bpw, calibrated: KL <= this x the Q4_0 file's */
 #define KL_VS_Q8_0 1.25    /* q8, calibrated: KL <= this x the Q8_0 file's */
 #define KL_EXACT 1e-4      /* F16 storage after channel scaling: the function is kept */
 /* q8 is near-lossless: its greedy continuation matches F32's this far. */
@@ -526,7 +527,7 @@ static void test_gptq_random(void) {
     }
     for (int i = 0; i < N; i++) imp[i] = (float)(h[i * N + i] / T);
     for (int i = 0; i < ROWS * N; i++) w[i] = (float)(0.02 * rng_gauss());
-    const char *types[] = {"i4_b64", "i3_b32", "i4a_b64", "i4_b32_e8", "i6_b64"};
+    const char *types[] = {"i4_b64", "i3_b32", "i4a_b64", "i4_b32_e8", "i6_b64", "i4n_b64", "i4n_b32_e8"};
     for (size_t k = 0; k < SP_ARRAY_LEN(types); k++) {
         const int32_t t = sp_qtype_from_name(types[k]);
         const struct sp_qtraits *tr = sp_qtraits_get((uint32_t)t);

@@ -13,8 +13,9 @@
  * released (files carry them).  A file that holds any of them says so in its
  * metadata (sparrow.requires = "native-types-1").
  *
- * Names: "i<bits>[a]_b<block>[_e8]": i4_b32 (INT4, 32-blocks, FP16 scale),
- * i4_b32_e8 (E8M0 scale), i3a_b64 (asymmetric INT3, FP16 scale + FP16 min).
+ * Names: "i<bits>[a|n]_b<block>[_e8]": i4_b32 (INT4, 32-blocks, FP16 scale),
+ * i4_b32_e8 (E8M0 scale), i3a_b64 (asymmetric INT3, FP16 scale + FP16 min),
+ * i4n_b64 (non-uniform 4-bit levels, FP16 scale).
  */
 #ifndef SP_QUANT_NATIVE_H
 #define SP_QUANT_NATIVE_H
@@ -42,12 +43,18 @@ enum sp_native_kind {
     SP_NK_I8 = 3,  /* signed INT8, q in -128..127 */
     SP_NK_I3A = 4, /* asymmetric INT3: x = d * u + m, u in 0..7 */
     SP_NK_I4A = 5, /* asymmetric INT4: u in 0..15 */
-    SP_NK_COUNT = 6
+    SP_NK_I4N = 6, /* non-uniform 4-bit: x = d * sp_native_nl4[u], u in 0..15 */
+    SP_NK_COUNT = 7
 };
 /* Bits per value and asymmetry of a kind (constant expressions). */
 #define SP_NATIVE_KIND_BITS(k)                                                                                        \
-    ((k) == SP_NK_I3 || (k) == SP_NK_I3A ? 3 : (k) == SP_NK_I4 || (k) == SP_NK_I4A ? 4 : (k) == SP_NK_I6 ? 6 : 8)
+    ((k) == SP_NK_I3 || (k) == SP_NK_I3A                      ? 3                                                      \
+     : (k) == SP_NK_I4 || (k) == SP_NK_I4A || (k) == SP_NK_I4N ? 4                                                      \
+     : (k) == SP_NK_I6                                         ? 6                                                      \
+                                                               : 8)
 #define SP_NATIVE_KIND_ASYM(k) ((k) == SP_NK_I3A || (k) == SP_NK_I4A)
+/* Non-uniform kinds: the code indexes a fixed table of int8 levels. */
+#define SP_NATIVE_KIND_NL(k) ((k) == SP_NK_I4N)
 
 #define SP_NATIVE_ID(kind, blk, e8) (SP_QTYPE_NATIVE_FIRST + 8u * (uint32_t)(kind) + 2u * (uint32_t)(blk) + (uint32_t)(e8))
 
@@ -63,7 +70,9 @@ enum sp_native_kind {
     X(i8_b32, SP_NK_I8, 0, 0) X(i8_b32_e8, SP_NK_I8, 0, 1) X(i8_b64, SP_NK_I8, 1, 0) X(i8_b64_e8, SP_NK_I8, 1, 1)     \
     X(i8_b128, SP_NK_I8, 2, 0) X(i8_b128_e8, SP_NK_I8, 2, 1)                                                          \
     X(i3a_b32, SP_NK_I3A, 0, 0) X(i3a_b64, SP_NK_I3A, 1, 0) X(i3a_b128, SP_NK_I3A, 2, 0)                              \
-    X(i4a_b32, SP_NK_I4A, 0, 0) X(i4a_b64, SP_NK_I4A, 1, 0) X(i4a_b128, SP_NK_I4A, 2, 0)
+    X(i4a_b32, SP_NK_I4A, 0, 0) X(i4a_b64, SP_NK_I4A, 1, 0) X(i4a_b128, SP_NK_I4A, 2, 0)                              \
+    X(i4n_b32, SP_NK_I4N, 0, 0) X(i4n_b32_e8, SP_NK_I4N, 0, 1) X(i4n_b64, SP_NK_I4N, 1, 0)                            \
+    X(i4n_b64_e8, SP_NK_I4N, 1, 1) X(i4n_b128, SP_NK_I4N, 2, 0) X(i4n_b128_e8, SP_NK_I4N, 2, 1)
 
 /* ---- the activation type ----------------------------------------------------
  * Every native weight type takes its activations as x8_b128: int8 values in
@@ -99,16 +108,24 @@ void sp_x8_from_float_ref(const float *restrict src, void *restrict dst, int64_t
  * hi << 2), INT4 = one 4-bit plane, INT6 = a 4-bit plane then a 2-bit plane
  * (u = lo | hi << 4), INT8 = one byte per element (two's complement q).  In a
  * w-bit plane of P = block * w / 8 bytes, element k * P + j (j < P) sits in
- * bits [w k, w k + w) of byte j.  Symmetric kinds: x = d * (u - 2^(bits-1)). */
+ * bits [w k, w k + w) of byte j.  Symmetric kinds: x = d * (u - 2^(bits-1));
+ * non-uniform: x = d * sp_native_nl4[u]. */
 struct sp_native_layout {
     enum sp_native_kind kind;
     uint8_t bits;       /* 3, 4, 6, 8 */
     bool asym;          /* x = d * u + m */
+    bool nl;            /* x = d * sp_native_nl4[u] */
     bool e8;            /* E8M0 scale */
     uint16_t block;     /* elements per block: 32, 64, 128 */
     uint16_t head;      /* bytes before the planes: 1, 2 or 4 */
     uint16_t bytes;     /* bytes per block */
 };
+
+/* The 16 levels of the non-uniform 4-bit kind (i4n), ascending: a
+ * Lloyd-Max codebook for blocks of 32 Gaussian weights, each block with its
+ * own least-squares scale (docs/FORMAT.md).  Asymmetric on purpose: the
+ * sign of d picks which end gets the finer steps. */
+extern const int8_t sp_native_nl4[16];
 
 /* Layout of native weight type t, or NULL (not native, a hole, or x8_b128). */
 const struct sp_native_layout *sp_native_layout(uint32_t t);
@@ -149,7 +166,7 @@ sp_status sp_quantize_rows(uint32_t t, const float *src, int64_t n_rows, int64_t
 /* Encode one block of native type t from codes chosen elsewhere (gptq.c
  * rounds against a grid of its own choosing): code[0..nv) are the signed q of
  * a symmetric kind (clamped to its range) or the unsigned u of an asymmetric
- * one, d the scale -- stored as FP16, or for an E8M0 type as the exponent of
+ * or non-uniform one, d the scale -- stored as FP16, or for an E8M0 type as the exponent of
  * d, which must then be a positive power of two -- and m the asymmetric
  * kinds' min (FP16; ignored otherwise).  Elements past nv (a padded last
  * block) get the code nearest 0.  Decoding gives d * q (+ m) with d and m as

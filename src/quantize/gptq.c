@@ -167,12 +167,14 @@ done:
 
 /* ---- rounding a row ------------------------------------------------------------
  * A block's grid: value = d * q + m for integer codes q in [lo, hi] (m = 0 for
- * the symmetric kinds).  d and m are always values the block header can hold
+ * the symmetric kinds); for the non-uniform kind, value = d * lv[q] with q the
+ * index of a level.  d and m are always values the block header can hold
  * (FP16, or a power of two for E8M0 scales), so that the encoded block
  * decodes to exactly the values the error feedback assumed. */
 struct grid {
     float d, m;
     float lo, hi;
+    const int8_t *lv; /* the levels of a non-uniform kind, else NULL */
 };
 
 /* Scale candidates tried for each block around the block quantizer's own
@@ -200,8 +202,11 @@ static float store_m(const struct sp_native_layout *L, float m) {
 }
 
 static struct grid make_grid(const struct sp_native_layout *L, float d, float m) {
-    struct grid g = {store_d(L, d), store_m(L, m), 0, 0};
-    if (L->asym) {
+    struct grid g = {store_d(L, d), store_m(L, m), 0, 0, NULL};
+    if (L->nl) {
+        g.hi = 15.0f;
+        g.lv = sp_native_nl4;
+    } else if (L->asym) {
         g.hi = (float)((1 << L->bits) - 1);
     } else {
         g.lo = (float)-(1 << (L->bits - 1));
@@ -230,12 +235,22 @@ static struct grid header_grid(const struct sp_native_layout *L, const uint8_t *
 static float grid_code(const struct grid *g, float x) {
     if (!(g->d != 0) || !isfinite(g->d)) return 0.0f; /* a zero block: every value is m */
     const float v = (x - g->m) / g->d;
+    if (g->lv) { /* the nearest level (NaN: the lowest) */
+        int k = 0;
+        while (k < 15 && v > 0.5f * (float)(g->lv[k] + g->lv[k + 1])) k++;
+        return (float)k;
+    }
     const float c = v < g->lo ? g->lo : v > g->hi ? g->hi : v; /* NaN -> hi */
     return rintf(c);
 }
 
+/* The multiple of d that code q stands for. */
+static float grid_level(const struct grid *g, float q) {
+    return g->lv ? (float)g->lv[(int)q] : q;
+}
+
 static float grid_value(const struct grid *g, float q) {
-    return g->d * q + g->m;
+    return g->d * grid_level(g, q) + g->m;
 }
 
 /* The feedback-weighted error of one block [j0, j1) rounded to grid g,
@@ -328,18 +343,20 @@ static void refit(const struct sp_gptq *g, const struct sp_native_layout *L, con
         for (int64_t b = 0; b < nb; b++) {
             const int64_t j0 = b * L->block, j1 = SP_MIN(j0 + (int64_t)L->block, n);
             /* columns: a = codes (for d), o = ones (for m) */
+            const struct grid *gb = &grids[b];
             double aha = 0, aho = 0, oho = 0, ahr = 0, ohr = 0;
             for (int64_t i = j0; i < j1; i++) {
                 const double *hi = g->h + (size_t)(i * n);
                 double ha = 0, ho = 0;
                 for (int64_t j = j0; j < j1; j++) {
-                    ha += hi[j] * codes[j];
+                    ha += hi[j] * grid_level(gb, codes[j]);
                     ho += hi[j];
                 }
-                aha += codes[i] * ha;
-                aho += codes[i] * ho;
+                const double ai = grid_level(gb, codes[i]);
+                aha += ai * ha;
+                aho += ai * ho;
                 oho += ho;
-                ahr += codes[i] * hr[i];
+                ahr += ai * hr[i];
                 ohr += hr[i];
             }
             double dd = 0, dm = 0;
@@ -356,7 +373,7 @@ static void refit(const struct sp_gptq *g, const struct sp_native_layout *L, con
             grids[b].d += (float)dd;
             grids[b].m += (float)dm;
             for (int64_t j = j0; j < j1; j++) { /* r -= delta, hr -= H delta */
-                const double dj = dd * codes[j] + dm;
+                const double dj = dd * grid_level(gb, codes[j]) + dm;
                 r[j] -= dj;
                 for (int64_t i = 0; i < n; i++) hr[i] -= g->h[i * n + j] * dj;
             }

@@ -1940,8 +1940,9 @@ static void help_quantize(FILE *f) {
     }
     fprintf(f, "      --policy-file F     rules 'PATTERN TYPE', one per line, first match wins;\n"
                "                          PATTERN is a glob on tensor names ('*' matches '.'),\n"
-               "                          TYPE a native type (i3/i4/i6/i8 [a] _b32/_b64/_b128\n"
-               "                          [_e8], e.g. i4_b64) or ggml's (F16, Q8_0, ...); '#'\n"
+               "                          TYPE a native type (i3/i4/i6/i8 [a], i4n: non-uniform\n"
+               "                          levels; _b32/_b64/_b128 [_e8], e.g. i4n_b64) or\n"
+               "                          ggml's (F16, Q8_0, ...); '#'\n"
                "                          starts a comment.  1-D tensors always stay F32\n"
                "      --calib TEXT_FILE   run the model on this text and weight each input\n"
                "                          channel's error by its mean squared activation\n"

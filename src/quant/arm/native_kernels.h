@@ -45,8 +45,11 @@ ARM_INLINE uint8x16_t armn_plane(const int w, const int B, const uint8_t *p, con
 }
 
 /* Signed values q of elements 16g..16g+15 (u - offset for the symmetric
- * kinds, u for the asymmetric ones, the bytes for INT8). */
-ARM_INLINE int8x16_t armn_q(const int bits, const bool asym, const int B, const uint8_t *q, const int g) {
+ * kinds, u for the asymmetric ones, the bytes for INT8, the levels of the
+ * non-uniform kind by a table lookup). */
+ARM_INLINE int8x16_t armn_q(const int bits, const bool asym, const bool nl, const int B, const uint8_t *q,
+                            const int g) {
+    if (nl) return vqtbl1q_s8(vld1q_s8(sp_native_nl4), armn_plane(4, B, q, g));
     uint8x16_t u;
     switch (bits) {
     case 3: u = vorrq_u8(armn_plane(2, B, q, g), vshlq_n_u8(armn_plane(1, B, q + B / 4, g), 2)); break;
@@ -58,16 +61,16 @@ ARM_INLINE int8x16_t armn_q(const int bits, const bool asym, const int B, const 
     return vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8((int8_t)(1 << (bits - 1))));
 }
 
-ARM_INLINE float armn_dot(const int bits, const bool asym, const bool e8, const int B, int64_t n, const uint8_t *w,
-                          const struct sp_x8_run *a) {
+ARM_INLINE float armn_dot(const int bits, const bool asym, const bool nl, const bool e8, const int B, int64_t n,
+                          const uint8_t *w, const struct sp_x8_run *a) {
     const int head = asym ? 4 : e8 ? 1 : 2, bytes = head + B * bits / 8;
     float sum = 0;
     for (int64_t i0 = 0; i0 < n; i0 += B, w += bytes) {
         const float d = e8 ? sp_e8m0_to_fp32(w[0]) : arm_h2f(w);
         float sx = 0;
         for (int j = 0; j < B / 32; j++, a++) {
-            int32x4_t acc = arm_dot16(vdupq_n_s32(0), armn_q(bits, asym, B, w + head, 2 * j), vld1q_s8(a->qs));
-            acc = arm_dot16(acc, armn_q(bits, asym, B, w + head, 2 * j + 1), vld1q_s8(a->qs + 16));
+            int32x4_t acc = arm_dot16(vdupq_n_s32(0), armn_q(bits, asym, nl, B, w + head, 2 * j), vld1q_s8(a->qs));
+            acc = arm_dot16(acc, armn_q(bits, asym, nl, B, w + head, 2 * j + 1), vld1q_s8(a->qs + 16));
             sum += (d * a->d) * (float)vaddvq_s32(acc);
             sx = j ? sx + a->s : a->s;
         }
@@ -79,7 +82,8 @@ ARM_INLINE float armn_dot(const int bits, const bool asym, const bool e8, const 
 
 #define ARMN_DEF(name, kind, blk, e8)                                                                                 \
     static void armn_vec_dot_##name(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) { \
-        *s = armn_dot(SP_NATIVE_KIND_BITS(kind), SP_NATIVE_KIND_ASYM(kind), (e8), 32 << (blk), n, w, x);                     \
+        *s = armn_dot(SP_NATIVE_KIND_BITS(kind), SP_NATIVE_KIND_ASYM(kind), SP_NATIVE_KIND_NL(kind), (e8), 32 << (blk), n, \
+                      w, x);                                                                                          \
     }
 SP_NATIVE_TYPES(ARMN_DEF)
 
