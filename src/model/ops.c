@@ -62,12 +62,32 @@ const void *sp_act_convert(uint32_t wtype, const float *x, int64_t n, int64_t x_
     return buf;
 }
 
-struct matmul_job {
-    struct sp_mm_part p;
-    const struct sp_qtraits *tw;
-    size_t row_bytes;
-    int64_t chunk_rows; /* rows per work item, a multiple of 16 */
-    atomic_int_fast64_t next; /* the next work item to take */
+/* ---- splitting products between threads --------------------------------
+ * The rows of one or more products are cut into chunks of chunk_rows rows
+ * (whole 16-row groups, so kernels that work on row groups see whole
+ * groups; a chunk never spans two products).  Thread i owns the i-th of
+ * n_ranges contiguous ranges of chunks and takes its chunks front to back,
+ * so its weights are one sequential stream from the first chunk to the
+ * last (taking every other run of rows from a shared counter started a new
+ * stream each run: ~5% slower per thread, docs/BENCHMARKS.md).  A thread
+ * done with its own range takes chunks from the back of the range with the
+ * most left, so the threads still finish together, and one that gets less
+ * CPU (another process on its core) simply does fewer chunks.  Which thread
+ * computes a row never changes its result. */
+
+#define MM_RANGES 64 /* ranges of a job; threads past this only take from the backs */
+
+struct mm_range {
+    /* chunks [front, back) not taken yet: front in the low 32 bits, back in the high */
+    _Alignas(64) atomic_uint_fast64_t fb;
+};
+
+struct mm_job {
+    const struct sp_mm_part *parts;
+    int n_parts;
+    int n_ranges;
+    int64_t chunk_rows;
+    struct mm_range r[MM_RANGES];
 };
 
 /* Rows [r0, r1) of product p (tw its traits, row_bytes its weight rows). */
@@ -81,84 +101,102 @@ static void part_rows(const struct sp_mm_part *p, const struct sp_qtraits *tw, s
     }
 }
 
-static void matmul_rows(const struct matmul_job *j, int64_t r0, int64_t r1) {
-    part_rows(&j->p, j->tw, j->row_bytes, r0, r1);
+static int64_t part_chunks(const struct sp_mm_part *p, int64_t chunk_rows) {
+    return (p->n_rows + chunk_rows - 1) / chunk_rows;
 }
 
-/* Threads take contiguous runs of rows (whole 16-row groups, so kernels
- * that work on row groups see whole groups) from a shared counter: each
- * run is one sequential stream of weights, and a thread that gets less CPU
- * (another process on its core) simply takes fewer runs. */
-static void matmul_task(void *arg, int ith, int nth) {
-    struct matmul_job *j = arg;
-    (void)ith;
-    (void)nth;
-    for (;;) {
-        const int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        const int64_t r0 = c * j->chunk_rows;
-        if (r0 >= j->p.n_rows) return;
-        matmul_rows(j, r0, SP_MIN(j->p.n_rows, r0 + j->chunk_rows));
+/* Chunk c of the job: its product, found by counting chunks from the first. */
+static void run_chunk(const struct mm_job *j, int64_t c) {
+    for (int k = 0; k < j->n_parts; k++) {
+        const struct sp_mm_part *p = &j->parts[k];
+        const int64_t nc = part_chunks(p, j->chunk_rows);
+        if (c < nc) {
+            const int64_t r0 = c * j->chunk_rows;
+            part_rows(p, sp_qtraits_get(p->wtype), sp_qtype_row_bytes(p->wtype, p->n_cols), r0,
+                      SP_MIN(p->n_rows, r0 + j->chunk_rows));
+            return;
+        }
+        c -= nc;
     }
+}
+
+/* Take the front (or back) chunk of a range; -1 when it is empty. */
+static int64_t take_chunk(struct mm_range *r, bool front) {
+    uint64_t v = atomic_load_explicit(&r->fb, memory_order_relaxed);
+    for (;;) {
+        const uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+        if (f >= b) return -1;
+        const uint64_t nv = front ? v + 1 : v - ((uint64_t)1 << 32);
+        if (atomic_compare_exchange_weak_explicit(&r->fb, &v, nv, memory_order_relaxed, memory_order_relaxed))
+            return front ? f : b - 1;
+    }
+}
+
+static void mm_task(void *arg, int ith, int nth) {
+    struct mm_job *j = arg;
+    (void)nth;
+    if (ith < j->n_ranges) {
+        for (int64_t c; (c = take_chunk(&j->r[ith], true)) >= 0;) run_chunk(j, c);
+    }
+    for (;;) {
+        int best = -1;
+        uint32_t most = 0;
+        for (int i = 0; i < j->n_ranges; i++) {
+            const uint64_t v = atomic_load_explicit(&j->r[i].fb, memory_order_relaxed);
+            const uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+            if (b > f && b - f > most) {
+                most = b - f;
+                best = i;
+            }
+        }
+        if (best < 0) return;
+        const int64_t c = take_chunk(&j->r[best], false);
+        if (c >= 0) run_chunk(j, c);
+    }
+}
+
+/* Run n products on the pool (or here, when small). */
+static void mm_run(struct sp_pool *pool, const struct sp_mm_part *parts, int n) {
+    uint64_t bytes = 0;
+    int64_t rows = 0;
+    for (int k = 0; k < n; k++) {
+        SP_ASSERT(sp_qtraits_get(parts[k].wtype) && sp_qtraits_get(parts[k].wtype)->vec_dot);
+        bytes += (uint64_t)parts[k].n_rows * sp_qtype_row_bytes(parts[k].wtype, parts[k].n_cols) *
+                 (uint64_t)parts[k].n_tok;
+        rows += parts[k].n_rows;
+    }
+    /* Small products are not worth waking threads for. */
+    const int nth = pool ? sp_pool_n_threads(pool) : 1;
+    if (nth == 1 || bytes < (1u << 15)) {
+        for (int k = 0; k < n; k++)
+            part_rows(&parts[k], sp_qtraits_get(parts[k].wtype), sp_qtype_row_bytes(parts[k].wtype, parts[k].n_cols),
+                      0, parts[k].n_rows);
+        return;
+    }
+    /* About 16 chunks per thread: the last chunk ends the pass for all, so
+     * short ones keep the threads finishing together, and each chunk's fixed
+     * cost (the kernels prepare the activations per call) stays small next to
+     * 100+ rows of weights (decode of llama-7b q4_0, 2 threads: 4 runs per
+     * thread 5.6-5.9 tok/s, 16 runs 5.9-6.2, 32 runs 5.3-5.7). */
+    struct mm_job j = {parts, n, SP_MIN(nth, MM_RANGES), 0, {{0}}};
+    const int64_t per = (rows + 16 * nth - 1) / (16 * nth);
+    j.chunk_rows = SP_MAX(16, (per + 15) / 16 * 16);
+    int64_t n_chunks = 0;
+    for (int k = 0; k < n; k++) n_chunks += part_chunks(&parts[k], j.chunk_rows);
+    SP_ASSERT(n_chunks < ((int64_t)1 << 32));
+    for (int i = 0; i < j.n_ranges; i++) {
+        const uint64_t f = (uint64_t)(n_chunks * i / j.n_ranges), b = (uint64_t)(n_chunks * (i + 1) / j.n_ranges);
+        atomic_init(&j.r[i].fb, f | b << 32);
+    }
+    sp_pool_run(pool, mm_task, &j);
 }
 
 void sp_matmul(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_cols, int64_t n_rows, const void *xc,
                size_t x_stride, int64_t n_tok, float *y, int64_t ldy) {
-    const struct sp_qtraits *tw = sp_qtraits_get(wtype);
-    SP_ASSERT(tw && tw->vec_dot);
-    struct matmul_job j = {{wtype, w, n_cols, n_rows, xc, x_stride, n_tok, y, ldy}, tw,
-                           sp_qtype_row_bytes(wtype, n_cols), 0, 0};
-    /* Small products are not worth waking threads for. */
-    const int nth = pool ? sp_pool_n_threads(pool) : 1;
-    if (nth == 1 || (uint64_t)n_rows * j.row_bytes * (uint64_t)n_tok < (1u << 15)) {
-        matmul_rows(&j, 0, n_rows);
-        return;
-    }
-    /* About 16 runs per thread: the last run ends the product for all, so
-     * short runs keep the threads finishing together (decode of llama-7b
-     * q4_0, 2 threads: 4 runs 5.6-5.9 tok/s, 16 runs 5.9-6.2, 32 runs
-     * 5.3-5.7); each run's fixed cost (the kernels prepare the activations
-     * per call) stays small next to 100+ rows of weights. */
-    const int64_t per = (n_rows + 16 * nth - 1) / (16 * nth);
-    j.chunk_rows = SP_MAX(16, (per + 15) / 16 * 16);
-    atomic_init(&j.next, 0);
-    sp_pool_run(pool, matmul_task, &j);
-}
-
-/* ---- several products in one parallel pass ------------------------------ */
-
-struct multi_job {
-    const struct sp_mm_part *parts;
-    int n;
-    int64_t n_chunks; /* 16-row chunks over all parts */
-};
-
-static void multi_task(void *arg, int ith, int nth) {
-    const struct multi_job *j = arg;
-    const int64_t per = (j->n_chunks + nth - 1) / nth;
-    const int64_t c0 = per * ith, c1 = SP_MIN(j->n_chunks, per * (ith + 1));
-    int64_t base = 0; /* first chunk of part k */
-    for (int k = 0; k < j->n && base < c1; k++) {
-        const struct sp_mm_part *p = &j->parts[k];
-        const int64_t nc = (p->n_rows + 15) / 16;
-        const int64_t a = SP_MAX(c0, base) - base, b = SP_MIN(c1, base + nc) - base;
-        base += nc;
-        if (b <= a) continue;
-        part_rows(p, sp_qtraits_get(p->wtype), sp_qtype_row_bytes(p->wtype, p->n_cols), a * 16,
-                  SP_MIN(p->n_rows, b * 16));
-    }
+    const struct sp_mm_part p = {wtype, w, n_cols, n_rows, xc, x_stride, n_tok, y, ldy};
+    mm_run(pool, &p, 1);
 }
 
 void sp_matmul_multi(struct sp_pool *pool, const struct sp_mm_part *parts, int n) {
-    struct multi_job j = {parts, n, 0};
-    uint64_t bytes = 0;
-    for (int k = 0; k < n; k++) {
-        SP_ASSERT(sp_qtraits_get(parts[k].wtype) && sp_qtraits_get(parts[k].wtype)->vec_dot);
-        j.n_chunks += (parts[k].n_rows + 15) / 16;
-        bytes += (uint64_t)parts[k].n_rows * sp_qtype_row_bytes(parts[k].wtype, parts[k].n_cols);
-    }
-    if (!pool || sp_pool_n_threads(pool) == 1 || bytes < (1u << 15)) {
-        multi_task(&j, 0, 1);
-    } else {
-        sp_pool_run(pool, multi_task, &j);
-    }
+    mm_run(pool, parts, n);
 }
