@@ -63,22 +63,25 @@ const void *sp_act_convert(uint32_t wtype, const float *x, int64_t n, int64_t x_
 }
 
 /* ---- splitting products between threads --------------------------------
- * The rows of one or more products are cut into chunks of chunk_rows rows
- * (whole 16-row groups, so kernels that work on row groups see whole
- * groups; a chunk never spans two products).  Thread i owns the i-th of
- * n_ranges contiguous ranges of chunks and takes its chunks front to back,
- * so its weights are one sequential stream from the first chunk to the
- * last (taking every other run of rows from a shared counter started a new
+ * The rows of one or more products are counted in 16-row groups (kernels
+ * that work on row groups see whole groups; a product's last group may be
+ * short), numbered through all products.  Thread i owns the i-th of
+ * n_ranges contiguous ranges of groups and takes pieces from its front, so
+ * its weights are one sequential stream from the first piece to the last
+ * (taking every other run of rows from a shared counter started a new
  * stream each run: ~5% slower per thread, docs/BENCHMARKS.md).  A thread
- * done with its own range takes chunks from the back of the range with the
+ * done with its own range takes pieces from the back of the range with the
  * most left, so the threads still finish together, and one that gets less
- * CPU (another process on its core) simply does fewer chunks.  Which thread
- * computes a row never changes its result. */
+ * CPU (another process on its core) simply does less.  A piece is a quarter
+ * of what is left of its range (at least min_groups): large while there is
+ * much to do (each kernel call prepares the activations again), small at
+ * the end, where the last piece keeps the other threads waiting.  Which
+ * thread computes a row never changes its result. */
 
 #define MM_RANGES 64 /* ranges of a job; threads past this only take from the backs */
 
 struct mm_range {
-    /* chunks [front, back) not taken yet: front in the low 32 bits, back in the high */
+    /* groups [front, back) not taken yet: front in the low 32 bits, back in the high */
     _Alignas(64) atomic_uint_fast64_t fb;
 };
 
@@ -86,7 +89,7 @@ struct mm_job {
     const struct sp_mm_part *parts;
     int n_parts;
     int n_ranges;
-    int64_t chunk_rows;
+    uint32_t min_groups;
     struct mm_range r[MM_RANGES];
 };
 
@@ -101,42 +104,46 @@ static void part_rows(const struct sp_mm_part *p, const struct sp_qtraits *tw, s
     }
 }
 
-static int64_t part_chunks(const struct sp_mm_part *p, int64_t chunk_rows) {
-    return (p->n_rows + chunk_rows - 1) / chunk_rows;
+static int64_t part_groups(const struct sp_mm_part *p) {
+    return (p->n_rows + 15) / 16;
 }
 
-/* Chunk c of the job: its product, found by counting chunks from the first. */
-static void run_chunk(const struct mm_job *j, int64_t c) {
-    for (int k = 0; k < j->n_parts; k++) {
+/* Groups [g0, g1) of the job: the rows they cover in each product. */
+static void run_groups(const struct mm_job *j, int64_t g0, int64_t g1) {
+    int64_t base = 0; /* first group of product k */
+    for (int k = 0; k < j->n_parts && base < g1; k++) {
         const struct sp_mm_part *p = &j->parts[k];
-        const int64_t nc = part_chunks(p, j->chunk_rows);
-        if (c < nc) {
-            const int64_t r0 = c * j->chunk_rows;
-            part_rows(p, sp_qtraits_get(p->wtype), sp_qtype_row_bytes(p->wtype, p->n_cols), r0,
-                      SP_MIN(p->n_rows, r0 + j->chunk_rows));
-            return;
-        }
-        c -= nc;
+        const int64_t ng = part_groups(p), a = SP_MAX(g0, base) - base, b = SP_MIN(g1, base + ng) - base;
+        base += ng;
+        if (b <= a) continue;
+        part_rows(p, sp_qtraits_get(p->wtype), sp_qtype_row_bytes(p->wtype, p->n_cols), a * 16,
+                  SP_MIN(p->n_rows, b * 16));
     }
 }
 
-/* Take the front (or back) chunk of a range; -1 when it is empty. */
-static int64_t take_chunk(struct mm_range *r, bool front) {
+/* Take a piece from the front (or back) of a range into [*g0, *g1); false
+ * when the range is empty. */
+static bool take_piece(struct mm_range *r, bool front, uint32_t min_groups, int64_t *g0, int64_t *g1) {
     uint64_t v = atomic_load_explicit(&r->fb, memory_order_relaxed);
     for (;;) {
         const uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
-        if (f >= b) return -1;
-        const uint64_t nv = front ? v + 1 : v - ((uint64_t)1 << 32);
-        if (atomic_compare_exchange_weak_explicit(&r->fb, &v, nv, memory_order_relaxed, memory_order_relaxed))
-            return front ? f : b - 1;
+        if (f >= b) return false;
+        const uint32_t n = SP_MIN(b - f, SP_MAX(min_groups, (b - f) / 4));
+        const uint64_t nv = front ? v + n : v - ((uint64_t)n << 32);
+        if (atomic_compare_exchange_weak_explicit(&r->fb, &v, nv, memory_order_relaxed, memory_order_relaxed)) {
+            *g0 = front ? f : b - n;
+            *g1 = front ? f + n : b;
+            return true;
+        }
     }
 }
 
 static void mm_task(void *arg, int ith, int nth) {
     struct mm_job *j = arg;
     (void)nth;
+    int64_t g0, g1;
     if (ith < j->n_ranges) {
-        for (int64_t c; (c = take_chunk(&j->r[ith], true)) >= 0;) run_chunk(j, c);
+        while (take_piece(&j->r[ith], true, j->min_groups, &g0, &g1)) run_groups(j, g0, g1);
     }
     for (;;) {
         int best = -1;
@@ -150,20 +157,20 @@ static void mm_task(void *arg, int ith, int nth) {
             }
         }
         if (best < 0) return;
-        const int64_t c = take_chunk(&j->r[best], false);
-        if (c >= 0) run_chunk(j, c);
+        if (take_piece(&j->r[best], false, j->min_groups, &g0, &g1)) run_groups(j, g0, g1);
     }
 }
 
 /* Run n products on the pool (or here, when small). */
 static void mm_run(struct sp_pool *pool, const struct sp_mm_part *parts, int n) {
     uint64_t bytes = 0;
-    int64_t rows = 0;
+    int64_t n_groups = 0, n_tok = 1;
     for (int k = 0; k < n; k++) {
         SP_ASSERT(sp_qtraits_get(parts[k].wtype) && sp_qtraits_get(parts[k].wtype)->vec_dot);
         bytes += (uint64_t)parts[k].n_rows * sp_qtype_row_bytes(parts[k].wtype, parts[k].n_cols) *
                  (uint64_t)parts[k].n_tok;
-        rows += parts[k].n_rows;
+        n_groups += part_groups(&parts[k]);
+        n_tok = SP_MAX(n_tok, parts[k].n_tok);
     }
     /* Small products are not worth waking threads for. */
     const int nth = pool ? sp_pool_n_threads(pool) : 1;
@@ -173,19 +180,11 @@ static void mm_run(struct sp_pool *pool, const struct sp_mm_part *parts, int n) 
                       0, parts[k].n_rows);
         return;
     }
-    /* About 16 chunks per thread: the last chunk ends the pass for all, so
-     * short ones keep the threads finishing together, and each chunk's fixed
-     * cost (the kernels prepare the activations per call) stays small next to
-     * 100+ rows of weights (decode of llama-7b q4_0, 2 threads: 4 runs per
-     * thread 5.6-5.9 tok/s, 16 runs 5.9-6.2, 32 runs 5.3-5.7). */
-    struct mm_job j = {parts, n, SP_MIN(nth, MM_RANGES), 0, {{0}}};
-    const int64_t per = (rows + 16 * nth - 1) / (16 * nth);
-    j.chunk_rows = SP_MAX(16, (per + 15) / 16 * 16);
-    int64_t n_chunks = 0;
-    for (int k = 0; k < n; k++) n_chunks += part_chunks(&parts[k], j.chunk_rows);
-    SP_ASSERT(n_chunks < ((int64_t)1 << 32));
+    SP_ASSERT(n_groups < ((int64_t)1 << 32));
+    /* A batch's pieces are at least the gemm's 64-row blocks. */
+    struct mm_job j = {parts, n, SP_MIN(nth, MM_RANGES), n_tok > 1 ? 4 : 1, {{0}}};
     for (int i = 0; i < j.n_ranges; i++) {
-        const uint64_t f = (uint64_t)(n_chunks * i / j.n_ranges), b = (uint64_t)(n_chunks * (i + 1) / j.n_ranges);
+        const uint64_t f = (uint64_t)(n_groups * i / j.n_ranges), b = (uint64_t)(n_groups * (i + 1) / j.n_ranges);
         atomic_init(&j.r[i].fb, f | b << 32);
     }
     sp_pool_run(pool, mm_task, &j);
