@@ -2,7 +2,12 @@
  * test_pool.c -- the thread pool: every index runs exactly once per job,
  * results are visible to the caller after sp_pool_run, many back-to-back jobs
  * (the decode pattern) and jobs after the workers fell asleep all complete.
+ * And the products split on it (sp_matmul, sp_matmul_multi: each thread a
+ * range of row chunks, the backs of the ranges shared): every row computed
+ * once, bit for bit as on one thread, for any thread count.
  */
+#include "model/ops.h"
+#include "quant/quant.h"
 #include "sched/pool.h"
 #include "test_util.h"
 
@@ -22,7 +27,70 @@ static void task(void *arg, int ith, int nth) {
     j->data[ith] = j->round * 100 + ith; /* plain write, must be visible after run */
 }
 
+/* Products of several types, row counts that are not multiples of 16 and
+ * one and three tokens: sp_matmul and sp_matmul_multi on pools of n threads
+ * against sp_matmul without a pool. */
+static void check_split(void) {
+    enum { N_COLS = 512, N_PARTS = 4 };
+    static const uint32_t types[N_PARTS] = {SP_QTYPE_Q4_0, SP_QTYPE_Q8_0, SP_QTYPE_Q4_0, SP_QTYPE_Q4_K};
+    static const int64_t rows[N_PARTS] = {1000, 333, 17, 250};
+    static const int threads[] = {2, 3, 7, 70}; /* 70: more threads than ranges (ops.c) */
+    sp_quant_init();
+    *test_rng() = 5;
+    float *xf = malloc(sizeof(float) * N_COLS * 3);
+    for (int i = 0; i < N_COLS * 3; i++) xf[i] = rng_normal();
+    for (int64_t n_tok = 1; n_tok <= 3; n_tok += 2) {
+        struct sp_mm_part parts[N_PARTS];
+        uint8_t *w[N_PARTS], *xq[N_PARTS];
+        float *want[N_PARTS];
+        for (int k = 0; k < N_PARTS; k++) {
+            const size_t rb = sp_qtype_row_bytes(types[k], N_COLS);
+            float *wf = malloc(sizeof(float) * N_COLS * (size_t)rows[k]);
+            for (int64_t i = 0; i < N_COLS * rows[k]; i++) wf[i] = rng_normal();
+            w[k] = malloc(rb * (size_t)rows[k]);
+            for (int64_t r = 0; r < rows[k]; r++)
+                sp_qtraits_ref(types[k])->from_float(wf + r * N_COLS, w[k] + (size_t)r * rb, N_COLS);
+            free(wf);
+            xq[k] = malloc(sp_act_bytes(N_COLS, n_tok));
+            size_t stride;
+            const void *xc = sp_act_convert(types[k], xf, N_COLS, N_COLS, n_tok, xq[k], &stride);
+            want[k] = malloc(sizeof(float) * (size_t)(rows[k] * n_tok));
+            sp_matmul(NULL, types[k], w[k], N_COLS, rows[k], xc, stride, n_tok, want[k], rows[k]);
+            parts[k] = (struct sp_mm_part){types[k], w[k], N_COLS, rows[k], xc, stride, n_tok,
+                                           malloc(sizeof(float) * (size_t)(rows[k] * n_tok)), rows[k]};
+        }
+        for (size_t ti = 0; ti < SP_ARRAY_LEN(threads); ti++) {
+            struct sp_pool *p = NULL;
+            CHECK(sp_pool_init(threads[ti], &p) == SP_OK);
+            if (!p) continue;
+            for (int round = 0; round < 3; round++) {
+                for (int k = 0; k < N_PARTS; k++) memset(parts[k].y, 0xff, sizeof(float) * (size_t)(rows[k] * n_tok));
+                if (round == 0) {
+                    for (int k = 0; k < N_PARTS; k++)
+                        sp_matmul(p, types[k], w[k], N_COLS, rows[k], parts[k].xc, parts[k].x_stride, n_tok, parts[k].y,
+                                  rows[k]);
+                } else {
+                    sp_matmul_multi(p, parts, N_PARTS);
+                }
+                for (int k = 0; k < N_PARTS; k++)
+                    CHECKF(memcmp(parts[k].y, want[k], sizeof(float) * (size_t)(rows[k] * n_tok)) == 0,
+                           "%d threads, %lld tokens, %s: part %d differs from one thread", threads[ti],
+                           (long long)n_tok, round ? "sp_matmul_multi" : "sp_matmul", k);
+            }
+            sp_pool_free(p);
+        }
+        for (int k = 0; k < N_PARTS; k++) {
+            free(w[k]);
+            free(xq[k]);
+            free(want[k]);
+            free(parts[k].y);
+        }
+    }
+    free(xf);
+}
+
 int main(void) {
+    check_split();
     for (int n = 1; n <= 4; n++) {
         struct sp_pool *p = NULL;
         CHECK(sp_pool_init(n, &p) == SP_OK);

@@ -131,6 +131,44 @@ sp_status sp_fwd_matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_te
     return sp_matmul_rows(m, f, t, 0, (uint32_t)t->ne[1], x, x_ld, n_tok, y, y_ld);
 }
 
+/* Products of one activation with n weights (Q, K, V; gate, up), all rows
+ * of each, into y[i] (t[i]->ne[1] floats per token): in one parallel pass
+ * when every weight is resident and they take the same activation type --
+ * one conversion of x and one wake-up of the pool instead of n, and each
+ * thread's rows one stream across the weights -- else one after another.
+ * The same results either way. */
+static sp_status fwd_matmul_n(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *const *t, float *const *y,
+                              int n, const float *x, int64_t x_ld, uint32_t n_tok) {
+    enum { MAX_N = 4 };
+    SP_ASSERT(n >= 1 && n <= MAX_N);
+    const uint32_t at = sp_qtraits_get(t[0]->type)->vec_dot_type;
+    bool one_pass = !f->observe;
+    for (int i = 0; i < n && one_pass; i++)
+        one_pass = t[i]->ne[0] == t[0]->ne[0] && sp_qtraits_get(t[i]->type)->vec_dot_type == at &&
+                   !sp_pager_streams(m->pager, t[i]);
+    if (!one_pass) {
+        for (int i = 0; i < n; i++) {
+            const sp_status rc = sp_fwd_matmul(m, f, t[i], x, x_ld, n_tok, y[i], t[i]->ne[1]);
+            if (rc) return rc;
+        }
+        return SP_OK;
+    }
+    size_t stride;
+    const void *xc = sp_act_convert(t[0]->type, x, t[0]->ne[0], x_ld, n_tok, f->xq, &stride);
+    struct sp_mm_part parts[MAX_N];
+    sp_status rc = SP_OK;
+    int pinned = 0;
+    for (; pinned < n; pinned++) {
+        const void *w;
+        if ((rc = sp_pager_pin(m->pager, t[pinned], &w))) break;
+        parts[pinned] = (struct sp_mm_part){t[pinned]->type, w, t[pinned]->ne[0], t[pinned]->ne[1], xc, stride, n_tok,
+                                            y[pinned], t[pinned]->ne[1]};
+    }
+    if (rc == SP_OK) sp_matmul_multi(f->pool, parts, n);
+    for (int i = 0; i < pinned; i++) sp_pager_unpin(m->pager, t[i], parts[i].w);
+    return rc;
+}
+
 /* out row i = rmsnorm(x row i) * weight t, for n_rows rows of n floats. */
 static sp_status norm(struct sp_model *m, const struct sp_tensor_desc *t, const float *x, float *out, int64_t n,
                       uint32_t n_rows) {
@@ -257,9 +295,11 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         const struct sp_layer_weights *L = &m->layers[il];
         /* attention */
         TRY(norm(m, L->attn_norm, f->x, f->xb, E, n_tok));
-        TRY(sp_fwd_matmul(m, f, L->wq, f->xb, E, n_tok, f->q, QD));
-        TRY(sp_fwd_matmul(m, f, L->wk, f->xb, E, n_tok, f->k, KD));
-        TRY(sp_fwd_matmul(m, f, L->wv, f->xb, E, n_tok, f->v, VD));
+        {
+            const struct sp_tensor_desc *const qkv[] = {L->wq, L->wk, L->wv};
+            float *const out[] = {f->q, f->k, f->v};
+            TRY(fwd_matmul_n(m, f, qkv, out, 3, f->xb, E, n_tok));
+        }
         TRY(add_bias(m, L->bq, f->q, n_tok));
         TRY(add_bias(m, L->bk, f->k, n_tok));
         TRY(add_bias(m, L->bv, f->v, n_tok));
@@ -285,8 +325,9 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         if (L->ffn_gate_inp) {
             TRY(sp_moe_ffn(m, f, il, n_tok, pos0));
         } else {
-            TRY(sp_fwd_matmul(m, f, L->ffn_gate, f->xb, E, n_tok, f->hb, F));
-            TRY(sp_fwd_matmul(m, f, L->ffn_up, f->xb, E, n_tok, f->hb2, F));
+            const struct sp_tensor_desc *const gu[] = {L->ffn_gate, L->ffn_up};
+            float *const out[] = {f->hb, f->hb2};
+            TRY(fwd_matmul_n(m, f, gu, out, 2, f->xb, E, n_tok));
             struct silu_job sj = {f->hb, f->hb2, (int64_t)n_tok * F};
             if (n_tok > 1) {
                 sp_pool_run(f->pool, silu_task, &sj);

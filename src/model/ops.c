@@ -62,12 +62,35 @@ const void *sp_act_convert(uint32_t wtype, const float *x, int64_t n, int64_t x_
     return buf;
 }
 
-struct matmul_job {
-    struct sp_mm_part p;
-    const struct sp_qtraits *tw;
-    size_t row_bytes;
-    int64_t chunk_rows; /* rows per work item, a multiple of 16 */
-    atomic_int_fast64_t next; /* the next work item to take */
+/* ---- splitting products between threads --------------------------------
+ * The rows of one or more products are counted in 16-row groups (kernels
+ * that work on row groups see whole groups; a product's last group may be
+ * short), numbered through all products.  Thread i owns the i-th of
+ * n_ranges contiguous ranges of groups and takes pieces from its front, so
+ * its weights are one sequential stream from the first piece to the last
+ * (taking every other run of rows from a shared counter started a new
+ * stream each run: ~5% slower per thread, docs/BENCHMARKS.md).  A thread
+ * done with its own range takes pieces from the back of the range with the
+ * most left, so the threads still finish together, and one that gets less
+ * CPU (another process on its core) simply does less.  A piece is a quarter
+ * of what is left of its range (at least min_groups): large while there is
+ * much to do (each kernel call prepares the activations again), small at
+ * the end, where the last piece keeps the other threads waiting.  Which
+ * thread computes a row never changes its result. */
+
+#define MM_RANGES 64 /* ranges of a job; threads past this only take from the backs */
+
+struct mm_range {
+    /* groups [front, back) not taken yet: front in the low 32 bits, back in the high */
+    _Alignas(64) atomic_uint_fast64_t fb;
+};
+
+struct mm_job {
+    const struct sp_mm_part *parts;
+    int n_parts;
+    int n_ranges;
+    uint32_t min_groups;
+    struct mm_range r[MM_RANGES];
 };
 
 /* Rows [r0, r1) of product p (tw its traits, row_bytes its weight rows). */
@@ -81,84 +104,98 @@ static void part_rows(const struct sp_mm_part *p, const struct sp_qtraits *tw, s
     }
 }
 
-static void matmul_rows(const struct matmul_job *j, int64_t r0, int64_t r1) {
-    part_rows(&j->p, j->tw, j->row_bytes, r0, r1);
+static int64_t part_groups(const struct sp_mm_part *p) {
+    return (p->n_rows + 15) / 16;
 }
 
-/* Threads take contiguous runs of rows (whole 16-row groups, so kernels
- * that work on row groups see whole groups) from a shared counter: each
- * run is one sequential stream of weights, and a thread that gets less CPU
- * (another process on its core) simply takes fewer runs. */
-static void matmul_task(void *arg, int ith, int nth) {
-    struct matmul_job *j = arg;
-    (void)ith;
-    (void)nth;
-    for (;;) {
-        const int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        const int64_t r0 = c * j->chunk_rows;
-        if (r0 >= j->p.n_rows) return;
-        matmul_rows(j, r0, SP_MIN(j->p.n_rows, r0 + j->chunk_rows));
-    }
-}
-
-void sp_matmul(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_cols, int64_t n_rows, const void *xc,
-               size_t x_stride, int64_t n_tok, float *y, int64_t ldy) {
-    const struct sp_qtraits *tw = sp_qtraits_get(wtype);
-    SP_ASSERT(tw && tw->vec_dot);
-    struct matmul_job j = {{wtype, w, n_cols, n_rows, xc, x_stride, n_tok, y, ldy}, tw,
-                           sp_qtype_row_bytes(wtype, n_cols), 0, 0};
-    /* Small products are not worth waking threads for. */
-    const int nth = pool ? sp_pool_n_threads(pool) : 1;
-    if (nth == 1 || (uint64_t)n_rows * j.row_bytes * (uint64_t)n_tok < (1u << 15)) {
-        matmul_rows(&j, 0, n_rows);
-        return;
-    }
-    /* About 16 runs per thread: the last run ends the product for all, so
-     * short runs keep the threads finishing together (decode of llama-7b
-     * q4_0, 2 threads: 4 runs 5.6-5.9 tok/s, 16 runs 5.9-6.2, 32 runs
-     * 5.3-5.7); each run's fixed cost (the kernels prepare the activations
-     * per call) stays small next to 100+ rows of weights. */
-    const int64_t per = (n_rows + 16 * nth - 1) / (16 * nth);
-    j.chunk_rows = SP_MAX(16, (per + 15) / 16 * 16);
-    atomic_init(&j.next, 0);
-    sp_pool_run(pool, matmul_task, &j);
-}
-
-/* ---- several products in one parallel pass ------------------------------ */
-
-struct multi_job {
-    const struct sp_mm_part *parts;
-    int n;
-    int64_t n_chunks; /* 16-row chunks over all parts */
-};
-
-static void multi_task(void *arg, int ith, int nth) {
-    const struct multi_job *j = arg;
-    const int64_t per = (j->n_chunks + nth - 1) / nth;
-    const int64_t c0 = per * ith, c1 = SP_MIN(j->n_chunks, per * (ith + 1));
-    int64_t base = 0; /* first chunk of part k */
-    for (int k = 0; k < j->n && base < c1; k++) {
+/* Groups [g0, g1) of the job: the rows they cover in each product. */
+static void run_groups(const struct mm_job *j, int64_t g0, int64_t g1) {
+    int64_t base = 0; /* first group of product k */
+    for (int k = 0; k < j->n_parts && base < g1; k++) {
         const struct sp_mm_part *p = &j->parts[k];
-        const int64_t nc = (p->n_rows + 15) / 16;
-        const int64_t a = SP_MAX(c0, base) - base, b = SP_MIN(c1, base + nc) - base;
-        base += nc;
+        const int64_t ng = part_groups(p), a = SP_MAX(g0, base) - base, b = SP_MIN(g1, base + ng) - base;
+        base += ng;
         if (b <= a) continue;
         part_rows(p, sp_qtraits_get(p->wtype), sp_qtype_row_bytes(p->wtype, p->n_cols), a * 16,
                   SP_MIN(p->n_rows, b * 16));
     }
 }
 
-void sp_matmul_multi(struct sp_pool *pool, const struct sp_mm_part *parts, int n) {
-    struct multi_job j = {parts, n, 0};
+/* Take a piece from the front (or back) of a range into [*g0, *g1); false
+ * when the range is empty. */
+static bool take_piece(struct mm_range *r, bool front, uint32_t min_groups, int64_t *g0, int64_t *g1) {
+    uint64_t v = atomic_load_explicit(&r->fb, memory_order_relaxed);
+    for (;;) {
+        const uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+        if (f >= b) return false;
+        const uint32_t n = SP_MIN(b - f, SP_MAX(min_groups, (b - f) / 4));
+        const uint64_t nv = front ? v + n : v - ((uint64_t)n << 32);
+        if (atomic_compare_exchange_weak_explicit(&r->fb, &v, nv, memory_order_relaxed, memory_order_relaxed)) {
+            *g0 = front ? f : b - n;
+            *g1 = front ? f + n : b;
+            return true;
+        }
+    }
+}
+
+static void mm_task(void *arg, int ith, int nth) {
+    struct mm_job *j = arg;
+    (void)nth;
+    int64_t g0, g1;
+    if (ith < j->n_ranges) {
+        while (take_piece(&j->r[ith], true, j->min_groups, &g0, &g1)) run_groups(j, g0, g1);
+    }
+    for (;;) {
+        int best = -1;
+        uint32_t most = 0;
+        for (int i = 0; i < j->n_ranges; i++) {
+            const uint64_t v = atomic_load_explicit(&j->r[i].fb, memory_order_relaxed);
+            const uint32_t f = (uint32_t)v, b = (uint32_t)(v >> 32);
+            if (b > f && b - f > most) {
+                most = b - f;
+                best = i;
+            }
+        }
+        if (best < 0) return;
+        if (take_piece(&j->r[best], false, j->min_groups, &g0, &g1)) run_groups(j, g0, g1);
+    }
+}
+
+/* Run n products on the pool (or here, when small). */
+static void mm_run(struct sp_pool *pool, const struct sp_mm_part *parts, int n) {
     uint64_t bytes = 0;
+    int64_t n_groups = 0, n_tok = 1;
     for (int k = 0; k < n; k++) {
         SP_ASSERT(sp_qtraits_get(parts[k].wtype) && sp_qtraits_get(parts[k].wtype)->vec_dot);
-        j.n_chunks += (parts[k].n_rows + 15) / 16;
-        bytes += (uint64_t)parts[k].n_rows * sp_qtype_row_bytes(parts[k].wtype, parts[k].n_cols);
+        bytes += (uint64_t)parts[k].n_rows * sp_qtype_row_bytes(parts[k].wtype, parts[k].n_cols) *
+                 (uint64_t)parts[k].n_tok;
+        n_groups += part_groups(&parts[k]);
+        n_tok = SP_MAX(n_tok, parts[k].n_tok);
     }
-    if (!pool || sp_pool_n_threads(pool) == 1 || bytes < (1u << 15)) {
-        multi_task(&j, 0, 1);
-    } else {
-        sp_pool_run(pool, multi_task, &j);
+    /* Small products are not worth waking threads for. */
+    const int nth = pool ? sp_pool_n_threads(pool) : 1;
+    if (nth == 1 || bytes < (1u << 15)) {
+        for (int k = 0; k < n; k++)
+            part_rows(&parts[k], sp_qtraits_get(parts[k].wtype), sp_qtype_row_bytes(parts[k].wtype, parts[k].n_cols),
+                      0, parts[k].n_rows);
+        return;
     }
+    SP_ASSERT(n_groups < ((int64_t)1 << 32));
+    /* A batch's pieces are at least the gemm's 64-row blocks. */
+    struct mm_job j = {parts, n, SP_MIN(nth, MM_RANGES), n_tok > 1 ? 4 : 1, {{0}}};
+    for (int i = 0; i < j.n_ranges; i++) {
+        const uint64_t f = (uint64_t)(n_groups * i / j.n_ranges), b = (uint64_t)(n_groups * (i + 1) / j.n_ranges);
+        atomic_init(&j.r[i].fb, f | b << 32);
+    }
+    sp_pool_run(pool, mm_task, &j);
+}
+
+void sp_matmul(struct sp_pool *pool, uint32_t wtype, const void *w, int64_t n_cols, int64_t n_rows, const void *xc,
+               size_t x_stride, int64_t n_tok, float *y, int64_t ldy) {
+    const struct sp_mm_part p = {wtype, w, n_cols, n_rows, xc, x_stride, n_tok, y, ldy};
+    mm_run(pool, &p, 1);
+}
+
+void sp_matmul_multi(struct sp_pool *pool, const struct sp_mm_part *parts, int n) {
+    mm_run(pool, parts, n);
 }

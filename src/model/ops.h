@@ -55,9 +55,11 @@ struct sp_mm_part {
 };
 
 /* Several independent products in one parallel pass: the threads split the
- * rows of all parts between them (contiguous 16-row chunks), so a batch of
- * small products -- the chosen experts of a layer -- costs one wake-up of the
- * pool instead of one per product.  Same results as sp_matmul on each. */
+ * rows of all parts between them (ops.c: each thread one contiguous range of
+ * row chunks, the backs of the ranges shared at the end), so a batch of
+ * products -- the chosen experts of a layer, or Q, K and V -- costs one
+ * wake-up of the pool instead of one per product.  Same results as
+ * sp_matmul on each. */
 void sp_matmul_multi(struct sp_pool *pool, const struct sp_mm_part *parts, int n);
 
 #endif /* SP_OPS_H */
