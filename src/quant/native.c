@@ -51,14 +51,6 @@ static const struct sp_native_layout layouts[SP_QTYPE_NATIVE_COUNT] = {SP_NATIVE
  * on Gaussian weights, 21% on stories260K's, 40% on Student-t(5) ones. */
 const int8_t sp_native_nl4[16] = {-127, -99, -79, -62, -48, -35, -23, -11, 1, 13, 24, 36, 50, 65, 83, 105};
 
-/* Index of the level of sp_native_nl4 nearest v (v in units of d; ties go
- * down; NaN gives 0). */
-static inline int nl4_index(float v) {
-    int k = 0;
-    while (k < 15 && v > 0.5f * (float)(sp_native_nl4[k] + sp_native_nl4[k + 1])) k++;
-    return k;
-}
-
 const struct sp_native_layout *sp_native_layout(uint32_t t) {
     if (t < SP_QTYPE_NATIVE_FIRST || t - SP_QTYPE_NATIVE_FIRST >= SP_QTYPE_NATIVE_COUNT) return NULL;
     const struct sp_native_layout *l = &layouts[t - SP_QTYPE_NATIVE_FIRST];
@@ -240,7 +232,7 @@ static inline int qround(float v, int lo, int hi) {
 /* The code value nearest v: an integer in [lo, hi], or for the non-uniform
  * kind (nl) a level of sp_native_nl4. */
 static inline float level_round(float v, float lo, float hi, bool nl) {
-    return nl ? (float)sp_native_nl4[nl4_index(v)] : qrf(v, lo, hi);
+    return nl ? (float)sp_native_nl4[sp_native_nl4_index(v)] : qrf(v, lo, hi);
 }
 
 /* sum_i w_i (x_i - d q_i)^2 for q_i = round(x_i / d) in [lo, hi] (nl: the
@@ -441,7 +433,7 @@ static void quantize_block(const struct sp_native_layout *L, const float *x, con
     const float id = d != 0 && isfinite(d) ? 1.0f / d : 0.0f;
     for (int i = 0; i < B; i++) {
         if (L->nl) {
-            code_set(L, planes, i, (unsigned)nl4_index(i < nv ? x[i] * id : 0.0f));
+            code_set(L, planes, i, (unsigned)sp_native_nl4_index(i < nv ? x[i] * id : 0.0f));
             continue;
         }
         const int q = i < nv ? qround(x[i] * id, lo, hi) : 0;
@@ -498,7 +490,9 @@ sp_status sp_native_pack_block(uint32_t t, const int32_t *code, int nv, float d,
         return SP_OK;
     }
     if (L->nl) {
-        for (int i = 0; i < L->block; i++) code_set(L, planes, i, (unsigned)(i < nv ? SP_MAX(0, SP_MIN(15, code[i])) : nl4_index(0.0f)));
+        for (int i = 0; i < L->block; i++) {
+            code_set(L, planes, i, (unsigned)(i < nv ? SP_MAX(0, SP_MIN(15, code[i])) : sp_native_nl4_index(0.0f)));
+        }
         return SP_OK;
     }
     const int lo = -(1 << (L->bits - 1)), hi = (1 << (L->bits - 1)) - 1;

@@ -127,6 +127,14 @@ struct sp_native_layout {
  * sign of d picks which end gets the finer steps. */
 extern const int8_t sp_native_nl4[16];
 
+/* Index of the level of sp_native_nl4 nearest v (v in units of d; ties go
+ * down; NaN gives 0). */
+static inline int sp_native_nl4_index(float v) {
+    int k = 0;
+    while (k < 15 && v > 0.5f * (float)(sp_native_nl4[k] + sp_native_nl4[k + 1])) k++;
+    return k;
+}
+
 /* Layout of native weight type t, or NULL (not native, a hole, or x8_b128). */
 const struct sp_native_layout *sp_native_layout(uint32_t t);
 

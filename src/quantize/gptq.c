@@ -235,11 +235,7 @@ static struct grid header_grid(const struct sp_native_layout *L, const uint8_t *
 static float grid_code(const struct grid *g, float x) {
     if (!(g->d != 0) || !isfinite(g->d)) return 0.0f; /* a zero block: every value is m */
     const float v = (x - g->m) / g->d;
-    if (g->lv) { /* the nearest level (NaN: the lowest) */
-        int k = 0;
-        while (k < 15 && v > 0.5f * (float)(g->lv[k] + g->lv[k + 1])) k++;
-        return (float)k;
-    }
+    if (g->lv) return (float)sp_native_nl4_index(v); /* the nearest level (NaN: the lowest) */
     const float c = v < g->lo ? g->lo : v > g->hi ? g->hi : v; /* NaN -> hi */
     return rintf(c);
 }
