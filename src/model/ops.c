@@ -172,17 +172,15 @@ static void mm_run(struct sp_pool *pool, const struct sp_mm_part *parts, int n) 
         n_groups += part_groups(&parts[k]);
         n_tok = SP_MAX(n_tok, parts[k].n_tok);
     }
-    /* Small products are not worth waking threads for. */
     const int nth = pool ? sp_pool_n_threads(pool) : 1;
+    /* A batch's pieces are at least the gemm's 64-row blocks. */
+    struct mm_job j = {parts, n, SP_MIN(nth, MM_RANGES), n_tok > 1 ? 4 : 1, {{0}}};
+    /* Small products are not worth waking threads for. */
     if (nth == 1 || bytes < (1u << 15)) {
-        for (int k = 0; k < n; k++)
-            part_rows(&parts[k], sp_qtraits_get(parts[k].wtype), sp_qtype_row_bytes(parts[k].wtype, parts[k].n_cols),
-                      0, parts[k].n_rows);
+        run_groups(&j, 0, n_groups);
         return;
     }
     SP_ASSERT(n_groups < ((int64_t)1 << 32));
-    /* A batch's pieces are at least the gemm's 64-row blocks. */
-    struct mm_job j = {parts, n, SP_MIN(nth, MM_RANGES), n_tok > 1 ? 4 : 1, {{0}}};
     for (int i = 0; i < j.n_ranges; i++) {
         const uint64_t f = (uint64_t)(n_groups * i / j.n_ranges), b = (uint64_t)(n_groups * (i + 1) / j.n_ranges);
         atomic_init(&j.r[i].fb, f | b << 32);
