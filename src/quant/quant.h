@@ -38,6 +38,17 @@ enum sp_qtype {
     SP_QTYPE_COUNT = 31
 };
 
+/* Q4_K with each super-block's quant bytes turned for decode, a resident
+ * layout only: the pager makes it from Q4_K in place when it loads weights
+ * (sp_pager_wtype); files never hold it and no type name resolves to it.
+ * Per 256 elements the 144 bytes of a Q4_K super-block: d, dmin and the 12
+ * scale bytes as Q4_K, then 4 vectors of 32 bytes in which dword k of
+ * vector m holds elements 4m..4m+3 of sub-block k (32 elements) in its low
+ * nibbles and 16+4m..16+4m+3 in its high ones (docs/KERNELS.md says why).
+ * Its id lies in the native range (native.h), so traits.c keeps its
+ * kernels in the native table. */
+#define SP_QTYPE_Q4_K_G8 1148u
+
 /* Convert n elements (n a multiple of block_elems) of packed blocks to float. */
 typedef void (*sp_to_float_fn)(const void *restrict src, float *restrict dst, int64_t n);
 /* Quantize n floats (n a multiple of block_elems) into packed blocks. */
@@ -79,6 +90,10 @@ const struct sp_qtraits *sp_qtraits_ref(uint32_t t);
 /* The portable batched product: loops over vec_dot of type t. */
 void sp_gemm_generic(uint32_t t, int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *x,
                      size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
+
+/* Repack n_rows rows of n elements (n a multiple of 256), stride bytes
+ * apart, from Q4_K to Q4_K_g8 in place (same bytes per row). */
+void sp_q4_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
 
 /* "F32", "Q4_K", ... or NULL for unknown ids. */
 const char *sp_qtype_name(uint32_t t);
