@@ -71,14 +71,18 @@ static const struct sp_qtraits ref_table[SP_QTYPE_COUNT] = {
                        .to_float = sp_q8_k_to_float_ref, .from_float = sp_q8_k_from_float_ref},
 };
 
-/* Q4_K_g8 (quant.h, repack_k.c): an entry of the native table with no name
+/* Q4_K_g8 and Q6_K_g8 (quant.h, repack_k.c): entries of the native table with no name
  * there, so that native names and sp_qtype_is_native() never reach it.  No
  * gemm in the reference: the pager repacks only where a SIMD gemm is
  * registered. */
 static_assert(SP_QTYPE_Q4_K_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q4_K_G8 < SP_QTYPE_X8, "g8 id in the native range");
+static_assert(SP_QTYPE_Q6_K_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q6_K_G8 < SP_QTYPE_X8, "g8 id in the native range");
 static const struct sp_qtraits q4_k_g8_ref = {.name = "Q4_K_g8", .block_elems = SP_QK_K, .block_bytes = 144,
                                               .vec_dot_type = SP_QTYPE_Q8_K, .to_float = sp_q4_k_g8_to_float_ref,
                                               .vec_dot = sp_vec_dot_q4_k_g8_q8_k_ref};
+static const struct sp_qtraits q6_k_g8_ref = {.name = "Q6_K_g8", .block_elems = SP_QK_K, .block_bytes = 210,
+                                              .vec_dot_type = SP_QTYPE_Q8_K, .to_float = sp_q6_k_g8_to_float_ref,
+                                              .vec_dot = sp_vec_dot_q6_k_g8_q8_k_ref};
 
 static struct sp_qtraits table[SP_QTYPE_COUNT];
 /* Sparrow's native types (native.h), indexed by id - SP_QTYPE_NATIVE_FIRST. */
@@ -97,6 +101,7 @@ void sp_quant_init(void) {
         if (r) ntable[i] = *r;
     }
     ntable[SP_QTYPE_Q4_K_G8 - SP_QTYPE_NATIVE_FIRST] = q4_k_g8_ref;
+    ntable[SP_QTYPE_Q6_K_G8 - SP_QTYPE_NATIVE_FIRST] = q6_k_g8_ref;
     /* ISA hook: x86/ and arm/ variants replace table[t].vec_dot / to_float /
      * from_float here, chosen from sp_cpu_features().  A replaced from_float
      * must produce the same bytes as the reference one (activations are
@@ -149,6 +154,7 @@ const struct sp_qtraits *sp_qtraits_get(uint32_t t) {
 
 const struct sp_qtraits *sp_qtraits_ref(uint32_t t) {
     if (t == SP_QTYPE_Q4_K_G8) return &q4_k_g8_ref;
+    if (t == SP_QTYPE_Q6_K_G8) return &q6_k_g8_ref;
     if (is_native_id(t)) return sp_native_ref_traits(t);
     if (t >= SP_QTYPE_COUNT || !ref_table[t].name) return NULL;
     return &ref_table[t];
