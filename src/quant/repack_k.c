@@ -27,15 +27,33 @@ static inline int q4k_get(const uint8_t *qs, int k, int e) {
     return (qs[32 * (k / 2) + e] >> (4 * (k % 2))) & 0x0f;
 }
 
+static inline uint64_t ld64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline void st64(uint8_t *p, uint64_t v) {
+    memcpy(p, &v, 8);
+}
+
+#define NIB 0x0f0f0f0f0f0f0f0full
+
+/* Eight bytes at a time: the pager repacks gigabytes at load. */
 void sp_q4_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride) {
     assert(n % SP_QK_K == 0);
     for (int64_t r = 0; r < n_rows; r++) {
         struct sp_block_q4_k *b = (struct sp_block_q4_k *)((uint8_t *)rows + (size_t)r * stride);
         for (int64_t i = 0; i < n / SP_QK_K; i++) {
-            uint8_t t[SP_QK_K / 2] = {0};
+            uint8_t s[8][16]; /* sub-block k: byte j = element j | element 16 + j << 4 */
+            for (int k = 0; k < 8; k++) {
+                const uint8_t *q = b[i].qs + 32 * (k / 2);
+                const int sh = 4 * (k % 2);
+                for (int j = 0; j < 16; j += 8)
+                    st64(s[k] + j, ((ld64(q + j) >> sh) & NIB) | ((ld64(q + 16 + j) >> sh) & NIB) << 4);
+            }
             for (int k = 0; k < 8; k++)
-                for (int e = 0; e < 32; e++) t[g8k_byte(k, e)] |= (uint8_t)(q4k_get(b[i].qs, k, e) << (4 * (e / 16)));
-            memcpy(b[i].qs, t, sizeof t);
+                for (int m = 0; m < 4; m++) memcpy(b[i].qs + g8k_byte(k, 4 * m), s[k] + 4 * m, 4);
         }
     }
 }
@@ -81,13 +99,6 @@ void sp_vec_dot_q4_k_g8_q8_k_ref(int64_t n, float *restrict s, const void *restr
 
 /* ---- Q6_K_g8 ---------------------------------------------------------------- */
 
-/* Q6_K's q + 32 (0..63) of element i (ref.c's q6_k_unpack). */
-static inline int q6k_get(const struct sp_block_q6_k *b, int i) {
-    const int h = i / 128, k = (i % 128) / 32, l = i % 32;
-    const uint8_t lb = b->ql[64 * h + 32 * (k & 1) + l];
-    return (k < 2 ? lb & 0x0f : lb >> 4) | ((b->qh[32 * h + l] >> (2 * k)) & 3) << 4;
-}
-
 /* Element i of a super-block in the turned layout: vector j, dword k, byte
  * b (quant.h). */
 static inline void g8k6_pos(int i, int *j, int *k, int *b) {
@@ -102,16 +113,34 @@ void sp_q6_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride) {
     for (int64_t r = 0; r < n_rows; r++) {
         struct sp_block_q6_k *b = (struct sp_block_q6_k *)((uint8_t *)rows + (size_t)r * stride);
         for (int64_t i = 0; i < n / SP_QK_K; i++) {
-            uint8_t ql[SP_QK_K / 2] = {0}, qh[SP_QK_K / 4] = {0};
-            for (int e = 0; e < SP_QK_K; e++) {
-                int j, k, bb;
-                g8k6_pos(e, &j, &k, &bb);
-                const int u = q6k_get(&b[i], e);
-                ql[32 * (j / 2) + 4 * k + bb] |= (uint8_t)((u & 0x0f) << (4 * (j % 2)));
-                qh[32 * (j / 4) + 4 * k + bb] |= (uint8_t)((u >> 4) << (2 * (j % 4)));
+            /* q + 32 (0..63) of every element in order, 8 at a time (ref.c's q6_k_unpack) */
+            uint8_t u[SP_QK_K], v[8][32];
+            for (int h = 0; h < 2; h++) {
+                for (int k = 0; k < 4; k++) {
+                    const uint8_t *ql = b[i].ql + 64 * h + 32 * (k & 1), *qh = b[i].qh + 32 * h;
+                    for (int l = 0; l < 32; l += 8) {
+                        const uint64_t lo = (ld64(ql + l) >> (k < 2 ? 0 : 4)) & NIB;
+                        const uint64_t hi = (ld64(qh + l) >> (2 * k)) & 0x0303030303030303ull;
+                        st64(u + 128 * h + 32 * k + l, lo | hi << 4);
+                    }
+                }
             }
-            memcpy(b[i].ql, ql, sizeof ql);
-            memcpy(b[i].qh, qh, sizeof qh);
+            /* vector j, dword k: elements 2j, 2j+1 of sub-blocks 2k and 2k+1 */
+            for (int j = 0; j < 8; j++) {
+                for (int k = 0; k < 8; k++) {
+                    memcpy(v[j] + 4 * k, u + 32 * k + 2 * j, 2);
+                    memcpy(v[j] + 4 * k + 2, u + 32 * k + 16 + 2 * j, 2);
+                }
+            }
+            for (int l = 0; l < 32; l += 8) {
+                for (int c = 0; c < 4; c++)
+                    st64(b[i].ql + 32 * c + l, (ld64(v[2 * c] + l) & NIB) | (ld64(v[2 * c + 1] + l) & NIB) << 4);
+                for (int h = 0; h < 2; h++) {
+                    uint64_t w = 0;
+                    for (int f = 0; f < 4; f++) w |= ((ld64(v[4 * h + f] + l) >> 4) & 0x0303030303030303ull) << (2 * f);
+                    st64(b[i].qh + 32 * h + l, w);
+                }
+            }
         }
     }
 }
