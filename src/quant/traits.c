@@ -126,7 +126,13 @@ void sp_quant_init(void) {
          * SPARROW_ISA caps the level (ref/avx2/avx512) or SPARROW_AMX=0. */
         const char *isa = getenv("SPARROW_ISA");
         if (!isa || (strcmp(isa, "ref") && strcmp(isa, "avx2") && strcmp(isa, "avx512"))) {
+            const sp_gemm_fn k4 = table[SP_QTYPE_Q4_K].gemm, k6 = table[SP_QTYPE_Q6_K].gemm;
             sp_quant_register_amx(table, sp_cpu_features());
+            /* AMX's prefill reads the file layouts: where it took a type's
+             * gemm, that type stays as it is (no g8 gemm, so the pager does
+             * not repack it) */
+            if (table[SP_QTYPE_Q4_K].gemm != k4) ntable[SP_QTYPE_Q4_K_G8 - SP_QTYPE_NATIVE_FIRST].gemm = NULL;
+            if (table[SP_QTYPE_Q6_K].gemm != k6) ntable[SP_QTYPE_Q6_K_G8 - SP_QTYPE_NATIVE_FIRST].gemm = NULL;
         }
     }
 #endif
