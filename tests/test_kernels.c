@@ -11,6 +11,7 @@
 #include "core/core.h"
 #include "core/cpu.h"
 #include "quant/isa.h"
+#include "quant/native.h"
 #include "quant/quant.h"
 #include "quant/types.h"
 #include "test_isa.h"
@@ -353,6 +354,116 @@ static void test_gemm(const struct test_level *l) {
     }
 }
 
+/* ---- Q4_0_g8, the resident repack of Q4_0 ------------------------------------------
+ * Its kernels live in the native table (sp_quant_register_native_*).  Rows
+ * of random Q4_0 blocks, repacked: to_float gives Q4_0's floats, and
+ * vec_dot (reference and the level's) and gemm (decode and batches, row
+ * counts around the 8-row strips, rows across the decode's 512-block K
+ * chunks) give Q4_0's reference dot bit for bit. */
+
+static struct test_level g8_levels[TEST_ISA_MAX];
+static struct sp_qtraits g8_tabs[TEST_ISA_MAX][SP_QTYPE_NATIVE_COUNT];
+
+static void register_native_level(struct sp_qtraits *tab, const struct test_isa_level *lv) {
+#if defined(__x86_64__)
+    if (lv->isa == TEST_ISA_AVX512)
+        sp_quant_register_native_avx512(tab, &lv->feat);
+    else
+        sp_quant_register_native_avx2(tab, &lv->feat);
+#elif defined(__aarch64__)
+    sp_quant_register_native_neon(tab, &lv->feat);
+#else
+    (void)tab;
+    (void)lv;
+#endif
+}
+
+static void g8_case(const struct test_level *l, int64_t n, const int64_t *rows, size_t n_rows, const int64_t *toks,
+                    size_t n_toks, int *bad) {
+    const struct sp_qtraits *q4 = sp_qtraits_ref(SP_QTYPE_Q4_0), *ref = sp_qtraits_ref(SP_QTYPE_Q4_0_G8);
+    const struct sp_qtraits *got = &l->tab[SP_QTYPE_Q4_0_G8 - SP_QTYPE_NATIVE_FIRST];
+    const size_t wrb = sp_qtype_row_bytes(SP_QTYPE_Q4_0_G8, n), xrb = sp_qtype_row_bytes(SP_QTYPE_Q8_0, n);
+    const size_t w_stride = wrb + 20, x_stride = xrb + 12;
+    const int64_t max_rows = 77, max_tok = 70, ldy = max_rows + 3;
+    uint8_t *w = calloc((size_t)max_rows, w_stride), *wg = calloc((size_t)max_rows, w_stride);
+    uint8_t *x = calloc((size_t)max_tok, x_stride);
+    float *fa = malloc((size_t)n * 4), *fb = malloc((size_t)n * 4), *y = malloc((size_t)(max_tok * ldy) * sizeof *y);
+    float *s0 = malloc((size_t)(max_tok * max_rows) * sizeof *s0);
+    rng_seed(777 + (uint64_t)n);
+    for (int64_t r = 0; r < max_rows; r++)
+        rand_weights(SP_QTYPE_Q4_0, w + (size_t)r * w_stride, n);
+    for (int64_t i = 0; i < max_tok; i++) {
+        for (int64_t j = 0; j < n; j++)
+            fa[j] = rng_normal();
+        sp_qtraits_ref(SP_QTYPE_Q8_0)->from_float(fa, x + (size_t)i * x_stride, n);
+    }
+    memcpy(wg, w, (size_t)max_rows * w_stride);
+    sp_q4_0_g8_repack(wg, max_rows, n, w_stride);
+    for (int64_t r = 0; r < max_rows; r++) {
+        q4->to_float(w + (size_t)r * w_stride, fa, n);
+        got->to_float(wg + (size_t)r * w_stride, fb, n);
+        if (memcmp(fa, fb, (size_t)n * sizeof *fa) && (*bad)++ < 3)
+            fprintf(stderr, "g8 to_float n %lld row %lld\n", (long long)n, (long long)r);
+        for (int64_t i = 0; i < max_tok; i++) {
+            float a = 0, b = 0;
+            q4->vec_dot(n, &s0[i * max_rows + r], w + (size_t)r * w_stride, x + (size_t)i * x_stride);
+            ref->vec_dot(n, &a, wg + (size_t)r * w_stride, x + (size_t)i * x_stride);
+            got->vec_dot(n, &b, wg + (size_t)r * w_stride, x + (size_t)i * x_stride);
+            if ((a != s0[i * max_rows + r] || b != a) && (*bad)++ < 3) {
+                fprintf(stderr, "%s g8 vec_dot n %lld row %lld tok %lld: %.9g %.9g vs Q4_0 %.9g\n", l->name,
+                        (long long)n, (long long)r, (long long)i, a, b, s0[i * max_rows + r]);
+            }
+        }
+    }
+    for (size_t ri = 0; ri < n_rows; ri++) {
+        for (size_t ti = 0; ti < n_toks; ti++) {
+            const int64_t nr = rows[ri], nt = toks[ti];
+            for (int64_t i = 0; i < max_tok * ldy; i++)
+                y[i] = -12345.0f;
+            const uint64_t allocs = sp_alloc_count();
+            got->gemm(n, wg, w_stride, nr, x, x_stride, nt, y, ldy);
+            CHECKF(sp_alloc_count() == allocs, "%s g8 gemm n %lld tok %lld allocated", l->name, (long long)n,
+                   (long long)nt);
+            for (int64_t i = 0; i < max_tok; i++) {
+                for (int64_t r = 0; r < ldy; r++) {
+                    const float v = y[i * ldy + r];
+                    const bool in = i < nt && r < nr;
+                    if ((in ? v != s0[i * max_rows + r] : v != -12345.0f) && (*bad)++ < 3) {
+                        fprintf(stderr, "%s g8 gemm n %lld rows %lld tok %lld: y[%lld][%lld] %.9g vs Q4_0 %.9g\n",
+                                l->name, (long long)n, (long long)nr, (long long)nt, (long long)i, (long long)r, v,
+                                in ? s0[i * max_rows + r] : -12345.0f);
+                    }
+                }
+            }
+        }
+    }
+    free(w);
+    free(wg);
+    free(x);
+    free(fa);
+    free(fb);
+    free(y);
+    free(s0);
+}
+
+static void test_q4_0_g8(const struct test_level *l) {
+    const struct sp_qtraits *got = &l->tab[SP_QTYPE_Q4_0_G8 - SP_QTYPE_NATIVE_FIRST];
+#if defined(__x86_64__)
+    CHECKF(got->gemm && got->vec_dot != sp_qtraits_ref(SP_QTYPE_Q4_0_G8)->vec_dot, "%s: no Q4_0_g8 kernels", l->name);
+#endif
+    if (!got->gemm) return; /* the pager keeps Q4_0 where the table has none */
+    static const int64_t toks_all[] = {1, 2, 3, 4, 5, 8, 16, 33, 70}, toks_few[] = {1, 3, 17};
+    static const int64_t rows_all[] = {1, 5, 8, 13, 16, 41, 77}, rows_few[] = {5, 13};
+    int bad = 0;
+    g8_case(l, 256, rows_all, SP_ARRAY_LEN(rows_all), toks_all, SP_ARRAY_LEN(toks_all), &bad);
+    g8_case(l, 768, rows_all, SP_ARRAY_LEN(rows_all), toks_all, SP_ARRAY_LEN(toks_all), &bad);
+    /* 688 and 616 blocks: two decode K chunks, the second partial */
+    g8_case(l, 11008, rows_few, SP_ARRAY_LEN(rows_few), toks_few, SP_ARRAY_LEN(toks_few), &bad);
+    g8_case(l, 256 * 77, rows_few, SP_ARRAY_LEN(rows_few), toks_few, SP_ARRAY_LEN(toks_few), &bad);
+    CHECKF(bad == 0, "%s Q4_0_g8: %d values differ from Q4_0's reference", l->name, bad);
+    printf("  %-6s Q4_0_g8 to_float, vec_dot, gemm: Q4_0's reference bits\n", l->name);
+}
+
 /* ---- SPARROW_ISA ------------------------------------------------------------------ */
 
 static void test_isa_override(void) {
@@ -371,12 +482,14 @@ static void test_isa_override(void) {
 int main(void) {
     test_isa_override();
     setup_levels();
+    test_setup_levels(g8_levels, &g8_tabs[0][0], SP_QTYPE_NATIVE_FIRST, SP_QTYPE_NATIVE_COUNT, register_native_level);
     for (int i = 0; i < n_levels; i++) {
         if (!levels[i].have) continue;
         test_from_float(&levels[i]);
         test_to_float(&levels[i]);
         test_vec_dot(&levels[i]);
         test_gemm(&levels[i]);
+        test_q4_0_g8(&g8_levels[i]);
     }
     return test_report("test_kernels");
 }

@@ -10,7 +10,9 @@
  *     tensor streams), and every tensor lies inside the file (format/
  *     validated the directory; open checks the size did not change since).
  *  3. Resident back end: MMAP maps the file read-only; LOAD holds file bytes
- *     [base, file_size) at region offset (file offset - base).
+ *     [base, file_size) at region offset (file offset - base), except that
+ *     Q4_0 tensors marked in g8[] hold the same values as Q4_0_g8 (quant.h),
+ *     in the same bytes.
  *  4. Budgeted back end: all memory -- the pinned region and one block of
  *     slots for the three pools -- is allocated, touched and locked in
  *     sp_pager_apply, sized by the plan, and never grows.  Slot data is the
@@ -28,6 +30,8 @@
  *   least recently used.  Prefetched slots get a fresh use time when issued.
  */
 #include "pager.h"
+
+#include "quant/quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -81,6 +85,7 @@ struct sp_pager {
     const uint8_t *map;
     uint64_t map_size, base;
     atomic_uint_fast32_t *pins; /* (n_tensors) outstanding pins of pinned/resident tensors */
+    uint8_t *g8;                /* (n_tensors) 1: LOAD repacked the tensor to Q4_0_g8; NULL: none was */
     atomic_uint_fast64_t n_pins, n_unpins;
 
     /* budgeted back end */
@@ -154,6 +159,33 @@ static sp_status map_file(struct sp_pager *pg, int fd) {
     return SP_OK;
 }
 
+/* Give the Q4_0 matrices of the loaded region the Q4_0_g8 layout, in place
+ * (the same bytes per row, so nothing grows): the decode kernel reads it
+ * with about 40% fewer vector ops (docs/KERNELS.md).  Only where the table
+ * has its gemm (x86 with AVX2, not where AMX takes Q4_0's prefill) and
+ * never for the tensor read by rows; rows must be whole groups. */
+static void repack_loaded(struct sp_pager *pg, uint8_t *region) {
+    const struct sp_model_file *mf = pg->mf;
+    const struct sp_qtraits *g8 = sp_qtraits_get(SP_QTYPE_Q4_0_G8);
+    if (!pg->cfg.repack || !g8 || !g8->gemm) return;
+    const double t0 = now_s();
+    uint64_t bytes = 0;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        const struct sp_tensor_desc *t = &mf->tensors[i];
+        if (t->type != SP_QTYPE_Q4_0 || t == pg->cfg.by_rows || t->ne[0] % SP_QK_G8 != 0) continue;
+        if (!pg->g8 && !(pg->g8 = sp_calloc(mf->n_tensors, 1))) return; /* no memory: Q4_0 as it is */
+        sp_q4_0_g8_repack(region + (t->offset - pg->base), (int64_t)tensor_rows(t), t->ne[0],
+                          sp_qtype_row_bytes(SP_QTYPE_Q4_0, t->ne[0]));
+        pg->g8[i] = 1;
+        bytes += t->size;
+        n++;
+    }
+    if (n)
+        SP_LOG_I("repacked %u Q4_0 tensors (%.1f MiB) to Q4_0_g8 in %.2f s", n, (double)bytes / (1 << 20),
+                 now_s() - t0);
+}
+
 /* Read the tensor data section into one anonymous region.  Reads go in large
  * sequential chunks; the region asks for transparent huge pages. */
 static sp_status load_file(struct sp_pager *pg, int fd) {
@@ -186,6 +218,7 @@ static sp_status load_file(struct sp_pager *pg, int fd) {
         }
         done += (uint64_t)r;
     }
+    repack_loaded(pg, m);
     (void)mprotect(m, (size_t)n, PROT_READ); /* weights are read-only from here on */
     pg->map = m;
     pg->map_size = n;
@@ -671,6 +704,7 @@ void sp_pager_close(struct sp_pager *pg) {
     sp_free(pg->slots);
     sp_free(pg->q);
     sp_free(pg->pins);
+    sp_free(pg->g8);
     sp_free(pg);
 }
 
@@ -928,6 +962,10 @@ void sp_pager_unpin(struct sp_pager *pg, const struct sp_tensor_desc *t, const v
     uint_fast32_t prev = atomic_fetch_sub(&pg->pins[i], 1);
     SP_ASSERT(prev > 0); /* invariant 1: one unpin per successful pin */
     atomic_fetch_add(&pg->n_unpins, 1);
+}
+
+uint32_t sp_pager_wtype(const struct sp_pager *pg, const struct sp_tensor_desc *t) {
+    return pg->g8 && pg->g8[tensor_index(pg, t)] ? SP_QTYPE_Q4_0_G8 : t->type;
 }
 
 /* Hints (see pager.h).  certain: the units will be pinned next, so they are

@@ -71,6 +71,18 @@ static const struct sp_qtraits ref_table[SP_QTYPE_COUNT] = {
                        .to_float = sp_q8_k_to_float_ref, .from_float = sp_q8_k_from_float_ref},
 };
 
+/* Q4_0_g8 (quant.h, repack.c): an entry of the native table with no name
+ * there, so that native names and sp_qtype_is_native() never reach it.  No
+ * gemm in the reference: the pager repacks only where a SIMD gemm is
+ * registered. */
+static_assert(SP_QTYPE_Q4_0_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q4_0_G8 < SP_QTYPE_X8, "g8 id in the native range");
+static const struct sp_qtraits q4_0_g8_ref = {.name = "Q4_0_g8",
+                                              .block_elems = SP_QK_G8,
+                                              .block_bytes = 144,
+                                              .vec_dot_type = SP_QTYPE_Q8_0,
+                                              .to_float = sp_q4_0_g8_to_float_ref,
+                                              .vec_dot = sp_vec_dot_q4_0_g8_q8_0_ref};
+
 static struct sp_qtraits table[SP_QTYPE_COUNT];
 /* Sparrow's native types (native.h), indexed by id - SP_QTYPE_NATIVE_FIRST. */
 static struct sp_qtraits ntable[SP_QTYPE_NATIVE_COUNT];
@@ -87,6 +99,7 @@ void sp_quant_init(void) {
         const struct sp_qtraits *r = sp_native_ref_traits(SP_QTYPE_NATIVE_FIRST + i);
         if (r) ntable[i] = *r;
     }
+    ntable[SP_QTYPE_Q4_0_G8 - SP_QTYPE_NATIVE_FIRST] = q4_0_g8_ref;
     /* ISA hook: x86/ and arm/ variants replace table[t].vec_dot / to_float /
      * from_float here, chosen from sp_cpu_features().  A replaced from_float
      * must produce the same bytes as the reference one (activations are
@@ -111,7 +124,11 @@ void sp_quant_init(void) {
          * SPARROW_ISA caps the level (ref/avx2/avx512) or SPARROW_AMX=0. */
         const char *isa = getenv("SPARROW_ISA");
         if (!isa || (strcmp(isa, "ref") && strcmp(isa, "avx2") && strcmp(isa, "avx512"))) {
+            const sp_gemm_fn q4 = table[SP_QTYPE_Q4_0].gemm;
             sp_quant_register_amx(table, sp_cpu_features());
+            /* AMX's Q4_0 prefill reads the file layout: Q4_0 stays as it is
+             * there (no Q4_0_g8 gemm, so the pager does not repack) */
+            if (table[SP_QTYPE_Q4_0].gemm != q4) ntable[SP_QTYPE_Q4_0_G8 - SP_QTYPE_NATIVE_FIRST].gemm = NULL;
         }
     }
 #endif
@@ -138,6 +155,7 @@ const struct sp_qtraits *sp_qtraits_get(uint32_t t) {
 }
 
 const struct sp_qtraits *sp_qtraits_ref(uint32_t t) {
+    if (t == SP_QTYPE_Q4_0_G8) return &q4_0_g8_ref;
     if (is_native_id(t)) return sp_native_ref_traits(t);
     if (t >= SP_QTYPE_COUNT || !ref_table[t].name) return NULL;
     return &ref_table[t];
