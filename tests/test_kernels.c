@@ -450,6 +450,7 @@ static void resident_case(const struct test_level *l, const struct resident *rs,
 
 static void test_resident(const struct test_level *l) {
     static const struct resident layouts[] = {
+        {SP_QTYPE_Q4_0, SP_QTYPE_Q4_0_G8, sp_q4_0_g8_repack},
         {SP_QTYPE_Q4_K, SP_QTYPE_Q4_K_G8, sp_q4_k_g8_repack},
         {SP_QTYPE_Q6_K, SP_QTYPE_Q6_K_G8, sp_q6_k_g8_repack},
     };
@@ -465,7 +466,7 @@ static void test_resident(const struct test_level *l) {
         int bad = 0;
         resident_case(l, rs, 256, rows_all, SP_ARRAY_LEN(rows_all), toks_all, SP_ARRAY_LEN(toks_all), &bad);
         resident_case(l, rs, 256 * 11, rows_all, SP_ARRAY_LEN(rows_all), toks_all, SP_ARRAY_LEN(toks_all), &bad);
-        /* 77 and 130 super-blocks: two and three decode K chunks, the last partial */
+        /* rows of 77 and 130 groups of 256: two and three decode K chunks, the last partial */
         resident_case(l, rs, 256 * 77, rows_few, SP_ARRAY_LEN(rows_few), toks_few, SP_ARRAY_LEN(toks_few), &bad);
         resident_case(l, rs, 256 * 130, rows_few, SP_ARRAY_LEN(rows_few), toks_few, SP_ARRAY_LEN(toks_few), &bad);
         CHECKF(bad == 0, "%s %s: %d values differ from the reference of %s", l->name, got->name, bad,

@@ -165,8 +165,8 @@ static sp_status fwd_matmul_n(struct sp_model *m, struct sp_fwd *f, const struct
     for (; pinned < n; pinned++) {
         const void *w;
         if ((rc = sp_pager_pin(m->pager, t[pinned], &w))) break;
-        parts[pinned] = (struct sp_mm_part){wt[pinned], w,     t[pinned]->ne[0], t[pinned]->ne[1], xc,
-                                            stride,     n_tok, y[pinned],        t[pinned]->ne[1]};
+        parts[pinned] = (struct sp_mm_part){wt[pinned], w, t[pinned]->ne[0], t[pinned]->ne[1], xc, stride, n_tok,
+                                            y[pinned], t[pinned]->ne[1]};
     }
     if (rc == SP_OK) sp_matmul_multi(f->pool, parts, n);
     for (int i = 0; i < pinned; i++) sp_pager_unpin(m->pager, t[i], parts[i].w);

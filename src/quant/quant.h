@@ -38,6 +38,15 @@ enum sp_qtype {
     SP_QTYPE_COUNT = 31
 };
 
+/* Q4_0 repacked by groups of 8 blocks, a resident layout only: the pager
+ * makes it from Q4_0 in place when it loads weights (sp_pager_wtype), files
+ * never hold it and no type name resolves to it.  Per 256 elements, 144
+ * bytes as 8 Q4_0 blocks: the 8 fp16 scales (block order), then 4 vectors of
+ * 32 bytes in which dword k of vector m is bytes 4m..4m+3 of block k's qs.
+ * Its id lies in the native range (native.h) so traits.c keeps its kernels
+ * in the native table; docs/KERNELS.md says why the layout. */
+#define SP_QTYPE_Q4_0_G8 1149u
+#define SP_QK_G8 256 /* elements per group */
 /* Q4_K with each super-block's quant bytes turned for decode, a resident
  * layout only: the pager makes it from Q4_K in place when it loads weights
  * (sp_pager_wtype); files never hold it and no type name resolves to it.
@@ -98,6 +107,9 @@ const struct sp_qtraits *sp_qtraits_ref(uint32_t t);
 void sp_gemm_generic(uint32_t t, int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *x,
                      size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
 
+/* Repack n_rows rows of n elements (n a multiple of SP_QK_G8), stride bytes
+ * apart, from Q4_0 to Q4_0_g8 in place (same bytes per row). */
+void sp_q4_0_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
 /* Repack n_rows rows of n elements (n a multiple of 256), stride bytes
  * apart, from Q4_K to Q4_K_g8 in place (same bytes per row). */
 void sp_q4_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
