@@ -95,6 +95,8 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
             .n_experts_used = m->mf->hp.n_experts_used,
             .order = m->order,
             .n_order = m->n_order,
+            .repack = true,
+            .by_rows = m->tok_embd,
         };
         if ((rc = sp_pager_open(m->mf, &pc, &m->pager))) goto fail;
     }

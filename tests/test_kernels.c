@@ -11,6 +11,7 @@
 #include "core/core.h"
 #include "core/cpu.h"
 #include "quant/isa.h"
+#include "quant/native.h"
 #include "quant/quant.h"
 #include "quant/types.h"
 #include "test_isa.h"
@@ -353,6 +354,127 @@ static void test_gemm(const struct test_level *l) {
     }
 }
 
+/* ---- resident layouts (quant.h): repacks of a file type ------------------------
+ * Their kernels live in the native table (sp_quant_register_native_*).
+ * Rows of random blocks of the file type, repacked: to_float gives the file
+ * type's floats, and vec_dot (reference and the level's) and gemm (decode
+ * and batches, row counts around the 8-row strips, rows across the
+ * decode's K chunks) give the file type's reference dot bit for bit. */
+
+static struct test_level res_levels[TEST_ISA_MAX];
+static struct sp_qtraits res_tabs[TEST_ISA_MAX][SP_QTYPE_NATIVE_COUNT];
+
+static void register_native_level(struct sp_qtraits *tab, const struct test_isa_level *lv) {
+#if defined(__x86_64__)
+    if (lv->isa == TEST_ISA_AVX512) sp_quant_register_native_avx512(tab, &lv->feat);
+    else sp_quant_register_native_avx2(tab, &lv->feat);
+#elif defined(__aarch64__)
+    sp_quant_register_native_neon(tab, &lv->feat);
+#else
+    (void)tab;
+    (void)lv;
+#endif
+}
+
+struct resident {
+    enum sp_qtype from;
+    uint32_t to;
+    void (*repack)(void *rows, int64_t n_rows, int64_t n, size_t stride);
+};
+
+static void resident_case(const struct test_level *l, const struct resident *rs, int64_t n, const int64_t *rows,
+                          size_t n_rows, const int64_t *toks, size_t n_toks, int *bad) {
+    const struct sp_qtraits *fr = sp_qtraits_ref(rs->from), *ref = sp_qtraits_ref(rs->to);
+    const struct sp_qtraits *got = &l->tab[rs->to - SP_QTYPE_NATIVE_FIRST];
+    const enum sp_qtype xt = fr->vec_dot_type;
+    const size_t wrb = sp_qtype_row_bytes(rs->to, n), xrb = sp_qtype_row_bytes(xt, n);
+    const size_t w_stride = wrb + 20, x_stride = xrb + 12;
+    const int64_t max_rows = 77, max_tok = 70, ldy = max_rows + 3;
+    uint8_t *w = calloc((size_t)max_rows, w_stride), *wg = calloc((size_t)max_rows, w_stride);
+    uint8_t *x = calloc((size_t)max_tok, x_stride);
+    float *fa = malloc((size_t)n * 4), *fb = malloc((size_t)n * 4), *y = malloc((size_t)(max_tok * ldy) * sizeof *y);
+    float *s0 = malloc((size_t)(max_tok * max_rows) * sizeof *s0);
+    rng_seed(777 + (uint64_t)n + rs->to);
+    for (int64_t r = 0; r < max_rows; r++) rand_weights(rs->from, w + (size_t)r * w_stride, n);
+    for (int64_t i = 0; i < max_tok; i++) {
+        for (int64_t j = 0; j < n; j++) fa[j] = rng_normal();
+        sp_qtraits_ref(xt)->from_float(fa, x + (size_t)i * x_stride, n);
+    }
+    memcpy(wg, w, (size_t)max_rows * w_stride);
+    rs->repack(wg, max_rows, n, w_stride);
+    for (int64_t r = 0; r < max_rows; r++) {
+        fr->to_float(w + (size_t)r * w_stride, fa, n);
+        got->to_float(wg + (size_t)r * w_stride, fb, n);
+        if (memcmp(fa, fb, (size_t)n * sizeof *fa) && (*bad)++ < 3)
+            fprintf(stderr, "%s to_float n %lld row %lld\n", ref->name, (long long)n, (long long)r);
+        for (int64_t i = 0; i < max_tok; i++) {
+            float a = 0, b = 0;
+            fr->vec_dot(n, &s0[i * max_rows + r], w + (size_t)r * w_stride, x + (size_t)i * x_stride);
+            ref->vec_dot(n, &a, wg + (size_t)r * w_stride, x + (size_t)i * x_stride);
+            got->vec_dot(n, &b, wg + (size_t)r * w_stride, x + (size_t)i * x_stride);
+            if ((a != s0[i * max_rows + r] || b != a) && (*bad)++ < 3) {
+                fprintf(stderr, "%s %s vec_dot n %lld row %lld tok %lld: %.9g %.9g vs %s %.9g\n", l->name, ref->name,
+                        (long long)n, (long long)r, (long long)i, a, b, fr->name, s0[i * max_rows + r]);
+            }
+        }
+    }
+    for (size_t ri = 0; ri < n_rows; ri++) {
+        for (size_t ti = 0; ti < n_toks; ti++) {
+            const int64_t nr = rows[ri], nt = toks[ti];
+            for (int64_t i = 0; i < max_tok * ldy; i++) y[i] = -12345.0f;
+            const uint64_t allocs = sp_alloc_count();
+            got->gemm(n, wg, w_stride, nr, x, x_stride, nt, y, ldy);
+            CHECKF(sp_alloc_count() == allocs, "%s %s gemm n %lld tok %lld allocated", l->name, ref->name, (long long)n,
+                   (long long)nt);
+            for (int64_t i = 0; i < max_tok; i++) {
+                for (int64_t r = 0; r < ldy; r++) {
+                    const float v = y[i * ldy + r];
+                    const bool in = i < nt && r < nr;
+                    if ((in ? v != s0[i * max_rows + r] : v != -12345.0f) && (*bad)++ < 3) {
+                        fprintf(stderr, "%s %s gemm n %lld rows %lld tok %lld: y[%lld][%lld] %.9g vs %.9g\n", l->name,
+                                ref->name, (long long)n, (long long)nr, (long long)nt, (long long)i, (long long)r, v,
+                                in ? s0[i * max_rows + r] : -12345.0f);
+                    }
+                }
+            }
+        }
+    }
+    free(w);
+    free(wg);
+    free(x);
+    free(fa);
+    free(fb);
+    free(y);
+    free(s0);
+}
+
+static void test_resident(const struct test_level *l) {
+    static const struct resident layouts[] = {
+        {SP_QTYPE_Q4_0, SP_QTYPE_Q4_0_G8, sp_q4_0_g8_repack},
+        {SP_QTYPE_Q4_K, SP_QTYPE_Q4_K_G8, sp_q4_k_g8_repack},
+        {SP_QTYPE_Q6_K, SP_QTYPE_Q6_K_G8, sp_q6_k_g8_repack},
+    };
+    static const int64_t toks_all[] = {1, 2, 3, 4, 5, 8, 16, 33, 70}, toks_few[] = {1, 3, 17};
+    static const int64_t rows_all[] = {1, 5, 8, 13, 16, 41, 77}, rows_few[] = {5, 13};
+    for (size_t k = 0; k < SP_ARRAY_LEN(layouts); k++) {
+        const struct resident *rs = &layouts[k];
+        const struct sp_qtraits *got = &l->tab[rs->to - SP_QTYPE_NATIVE_FIRST];
+#if defined(__x86_64__)
+        CHECKF(got->gemm && got->vec_dot != sp_qtraits_ref(rs->to)->vec_dot, "%s: no %s kernels", l->name, got->name);
+#endif
+        if (!got->gemm) continue; /* the pager keeps the file layout where the table has none */
+        int bad = 0;
+        resident_case(l, rs, 256, rows_all, SP_ARRAY_LEN(rows_all), toks_all, SP_ARRAY_LEN(toks_all), &bad);
+        resident_case(l, rs, 256 * 11, rows_all, SP_ARRAY_LEN(rows_all), toks_all, SP_ARRAY_LEN(toks_all), &bad);
+        /* rows of 77 and 130 groups of 256: two and three decode K chunks, the last partial */
+        resident_case(l, rs, 256 * 77, rows_few, SP_ARRAY_LEN(rows_few), toks_few, SP_ARRAY_LEN(toks_few), &bad);
+        resident_case(l, rs, 256 * 130, rows_few, SP_ARRAY_LEN(rows_few), toks_few, SP_ARRAY_LEN(toks_few), &bad);
+        CHECKF(bad == 0, "%s %s: %d values differ from the reference of %s", l->name, got->name, bad,
+               sp_qtype_name(rs->from));
+        printf("  %-6s %-7s to_float, vec_dot, gemm: %s's reference bits\n", l->name, got->name, sp_qtype_name(rs->from));
+    }
+}
+
 /* ---- SPARROW_ISA ------------------------------------------------------------------ */
 
 static void test_isa_override(void) {
@@ -371,12 +493,14 @@ static void test_isa_override(void) {
 int main(void) {
     test_isa_override();
     setup_levels();
+    test_setup_levels(res_levels, &res_tabs[0][0], SP_QTYPE_NATIVE_FIRST, SP_QTYPE_NATIVE_COUNT, register_native_level);
     for (int i = 0; i < n_levels; i++) {
         if (!levels[i].have) continue;
         test_from_float(&levels[i]);
         test_to_float(&levels[i]);
         test_vec_dot(&levels[i]);
         test_gemm(&levels[i]);
+        test_resident(&res_levels[i]);
     }
     return test_report("test_kernels");
 }

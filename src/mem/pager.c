@@ -10,7 +10,9 @@
  *     tensor streams), and every tensor lies inside the file (format/
  *     validated the directory; open checks the size did not change since).
  *  3. Resident back end: MMAP maps the file read-only; LOAD holds file bytes
- *     [base, file_size) at region offset (file offset - base).
+ *     [base, file_size) at region offset (file offset - base), except that
+ *     tensors with a wtype[] hold the same values in a resident layout of
+ *     their type (quant.h), in the same bytes.
  *  4. Budgeted back end: all memory -- the pinned region and one block of
  *     slots for the three pools -- is allocated, touched and locked in
  *     sp_pager_apply, sized by the plan, and never grows.  Slot data is the
@@ -28,6 +30,8 @@
  *   least recently used.  Prefetched slots get a fresh use time when issued.
  */
 #include "pager.h"
+
+#include "quant/quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -81,6 +85,7 @@ struct sp_pager {
     const uint8_t *map;
     uint64_t map_size, base;
     atomic_uint_fast32_t *pins; /* (n_tensors) outstanding pins of pinned/resident tensors */
+    uint32_t *wtype;        /* (n_tensors) the resident layout LOAD repacked a tensor to, 0: its file type; NULL: none */
     atomic_uint_fast64_t n_pins, n_unpins;
 
     /* budgeted back end */
@@ -154,6 +159,47 @@ static sp_status map_file(struct sp_pager *pg, int fd) {
     return SP_OK;
 }
 
+/* The resident layouts LOAD makes (quant.h): a file type, its layout, the
+ * in-place repack and the row length it needs a multiple of. */
+static const struct {
+    uint32_t from, to;
+    void (*repack)(void *rows, int64_t n_rows, int64_t n, size_t stride);
+    int64_t mult;
+} resident_layouts[] = {
+    {SP_QTYPE_Q4_0, SP_QTYPE_Q4_0_G8, sp_q4_0_g8_repack, SP_QK_G8},
+    {SP_QTYPE_Q4_K, SP_QTYPE_Q4_K_G8, sp_q4_k_g8_repack, 256},
+    {SP_QTYPE_Q6_K, SP_QTYPE_Q6_K_G8, sp_q6_k_g8_repack, 256},
+};
+
+/* Give the matrices of the loaded region that have a resident layout that
+ * layout, in place (the same bytes per row, so nothing grows): the decode
+ * kernels read them with far fewer vector ops (docs/KERNELS.md).  Only
+ * where the table has the layout's gemm (x86 with AVX2; not on AArch64,
+ * whose kernels read the file layouts) and never for the tensor read by
+ * rows. */
+static void repack_loaded(struct sp_pager *pg, uint8_t *region) {
+    const struct sp_model_file *mf = pg->mf;
+    if (!pg->cfg.repack) return;
+    const double t0 = now_s();
+    uint64_t bytes = 0;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        const struct sp_tensor_desc *t = &mf->tensors[i];
+        if (t == pg->cfg.by_rows) continue;
+        for (size_t k = 0; k < SP_ARRAY_LEN(resident_layouts); k++) {
+            const struct sp_qtraits *to = sp_qtraits_get(resident_layouts[k].to);
+            if (t->type != resident_layouts[k].from || !to || !to->gemm || t->ne[0] % resident_layouts[k].mult) continue;
+            if (!pg->wtype && !(pg->wtype = sp_calloc(mf->n_tensors, sizeof *pg->wtype))) return; /* file layouts */
+            resident_layouts[k].repack(region + (t->offset - pg->base), (int64_t)tensor_rows(t), t->ne[0],
+                                       sp_qtype_row_bytes(t->type, t->ne[0]));
+            pg->wtype[i] = resident_layouts[k].to;
+            bytes += t->size;
+            n++;
+        }
+    }
+    if (n) SP_LOG_I("repacked %u tensors (%.1f MiB) to resident layouts in %.2f s", n, (double)bytes / (1 << 20), now_s() - t0);
+}
+
 /* Read the tensor data section into one anonymous region.  Reads go in large
  * sequential chunks; the region asks for transparent huge pages. */
 static sp_status load_file(struct sp_pager *pg, int fd) {
@@ -186,6 +232,7 @@ static sp_status load_file(struct sp_pager *pg, int fd) {
         }
         done += (uint64_t)r;
     }
+    repack_loaded(pg, m);
     (void)mprotect(m, (size_t)n, PROT_READ); /* weights are read-only from here on */
     pg->map = m;
     pg->map_size = n;
@@ -671,6 +718,7 @@ void sp_pager_close(struct sp_pager *pg) {
     sp_free(pg->slots);
     sp_free(pg->q);
     sp_free(pg->pins);
+    sp_free(pg->wtype);
     sp_free(pg);
 }
 
@@ -928,6 +976,10 @@ void sp_pager_unpin(struct sp_pager *pg, const struct sp_tensor_desc *t, const v
     uint_fast32_t prev = atomic_fetch_sub(&pg->pins[i], 1);
     SP_ASSERT(prev > 0); /* invariant 1: one unpin per successful pin */
     atomic_fetch_add(&pg->n_unpins, 1);
+}
+
+uint32_t sp_pager_wtype(const struct sp_pager *pg, const struct sp_tensor_desc *t) {
+    return pg->wtype && pg->wtype[tensor_index(pg, t)] ? pg->wtype[tensor_index(pg, t)] : t->type;
 }
 
 /* Hints (see pager.h).  certain: the units will be pinned next, so they are

@@ -51,6 +51,11 @@ struct sp_pager_config {
     const struct sp_tensor_desc *const *order; /* forward order of the dense tensors (ring schedule) */
     uint32_t n_order;
     uint32_t io_threads;       /* 0 = default (4) */
+    /* resident LOAD back end: repack matrices to their resident layouts
+     * (quant.h) in place where the kernel table has the layout's gemm
+     * (sp_pager_wtype says which) */
+    bool repack;
+    const struct sp_tensor_desc *by_rows; /* read by rows (the input embedding, tied or not): never repacked */
 };
 
 /* Open mf's file for weight access.  mf must outlive the pager.  Checks the
@@ -119,6 +124,11 @@ void sp_pager_prefetch(struct sp_pager *pg, const struct sp_tensor_desc *t, uint
  * in parallel; for expert tensors this is where hits and misses are counted
  * (resident or already in flight = hit).  Never waits, never fails. */
 void sp_pager_need(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes);
+
+/* The type the forward pass multiplies t as: its resident layout (quant.h)
+ * where the resident LOAD back end repacked it (cfg.repack), else t->type.
+ * MMAP and the budgeted back end keep every file layout. */
+uint32_t sp_pager_wtype(const struct sp_pager *pg, const struct sp_tensor_desc *t);
 
 /* True when t is streamed (not resident) under an applied budget plan. */
 bool sp_pager_streams(const struct sp_pager *pg, const struct sp_tensor_desc *t);

@@ -111,15 +111,16 @@ sp_status sp_matmul_rows(struct sp_model *m, struct sp_fwd *f, const struct sp_t
                          uint32_t n_rows, const float *x, int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld) {
     if (f->observe) f->observe(f->observe_ctx, t, x, x_ld, n_tok);
     size_t stride;
-    const void *xc = sp_act_convert(t->type, x, t->ne[0], x_ld, n_tok, f->xq, &stride);
-    const uint64_t row_bytes = sp_qtype_row_bytes(t->type, t->ne[0]);
+    const uint32_t wt = sp_pager_wtype(m->pager, t);
+    const void *xc = sp_act_convert(wt, x, t->ne[0], x_ld, n_tok, f->xq, &stride);
+    const uint64_t row_bytes = sp_qtype_row_bytes(wt, t->ne[0]);
     const uint32_t unit = sp_pager_unit_rows(m->pager, t);
     for (uint32_t r = 0; r < n_rows; r += unit) {
         const uint32_t nr = SP_MIN(unit, n_rows - r);
         const void *w;
         sp_status rc = sp_pager_pin_range(m->pager, t, (row0 + r) * row_bytes, (uint64_t)nr * row_bytes, &w);
         if (rc) return rc;
-        sp_matmul(f->pool, t->type, w, t->ne[0], nr, xc, stride, n_tok, y + r, y_ld);
+        sp_matmul(f->pool, wt, w, t->ne[0], nr, xc, stride, n_tok, y + r, y_ld);
         sp_pager_unpin(m->pager, t, w);
     }
     return SP_OK;
@@ -141,10 +142,13 @@ static sp_status fwd_matmul_n(struct sp_model *m, struct sp_fwd *f, const struct
                               int n, const float *x, int64_t x_ld, uint32_t n_tok) {
     enum { MAX_N = 4 };
     SP_ASSERT(n >= 1 && n <= MAX_N);
-    const uint32_t at = sp_qtraits_get(t[0]->type)->vec_dot_type;
+    uint32_t wt[MAX_N];
+    for (int i = 0; i < n; i++)
+        wt[i] = sp_pager_wtype(m->pager, t[i]);
+    const uint32_t at = sp_qtraits_get(wt[0])->vec_dot_type;
     bool one_pass = !f->observe;
     for (int i = 0; i < n && one_pass; i++)
-        one_pass = t[i]->ne[0] == t[0]->ne[0] && sp_qtraits_get(t[i]->type)->vec_dot_type == at &&
+        one_pass = t[i]->ne[0] == t[0]->ne[0] && sp_qtraits_get(wt[i])->vec_dot_type == at &&
                    !sp_pager_streams(m->pager, t[i]);
     if (!one_pass) {
         for (int i = 0; i < n; i++) {
@@ -154,14 +158,14 @@ static sp_status fwd_matmul_n(struct sp_model *m, struct sp_fwd *f, const struct
         return SP_OK;
     }
     size_t stride;
-    const void *xc = sp_act_convert(t[0]->type, x, t[0]->ne[0], x_ld, n_tok, f->xq, &stride);
+    const void *xc = sp_act_convert(wt[0], x, t[0]->ne[0], x_ld, n_tok, f->xq, &stride);
     struct sp_mm_part parts[MAX_N];
     sp_status rc = SP_OK;
     int pinned = 0;
     for (; pinned < n; pinned++) {
         const void *w;
         if ((rc = sp_pager_pin(m->pager, t[pinned], &w))) break;
-        parts[pinned] = (struct sp_mm_part){t[pinned]->type, w, t[pinned]->ne[0], t[pinned]->ne[1], xc, stride, n_tok,
+        parts[pinned] = (struct sp_mm_part){wt[pinned], w, t[pinned]->ne[0], t[pinned]->ne[1], xc, stride, n_tok,
                                             y[pinned], t[pinned]->ne[1]};
     }
     if (rc == SP_OK) sp_matmul_multi(f->pool, parts, n);

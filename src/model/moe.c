@@ -320,7 +320,8 @@ static void unpin_all(struct sp_pager *pg, struct pinned *p, int n) {
 static sp_status add_parts(struct sp_model *m, const struct sp_tensor_desc *t, uint32_t e, const void *xc,
                            size_t x_stride, float *y, struct sp_mm_part *parts, struct pinned *pins, int *n) {
     const uint32_t rows = (uint32_t)t->ne[1], unit = sp_pager_unit_rows(m->pager, t);
-    const uint64_t row_bytes = sp_qtype_row_bytes(t->type, t->ne[0]);
+    const uint32_t wt = sp_pager_wtype(m->pager, t);
+    const uint64_t row_bytes = sp_qtype_row_bytes(wt, t->ne[0]);
     for (uint32_t r = 0; r < rows; r += unit) {
         const uint32_t nr = SP_MIN(unit, rows - r);
         if (*n == MAX_PARTS) return SP_E_BUFFER;
@@ -328,7 +329,7 @@ static sp_status add_parts(struct sp_model *m, const struct sp_tensor_desc *t, u
         sp_status rc = sp_pager_pin_range(m->pager, t, ((uint64_t)e * rows + r) * row_bytes, (uint64_t)nr * row_bytes, &w);
         if (rc) return rc;
         pins[*n] = (struct pinned){t, w};
-        parts[*n] = (struct sp_mm_part){t->type, w, t->ne[0], nr, xc, x_stride, 1, y + r, (int64_t)rows};
+        parts[*n] = (struct sp_mm_part){wt, w, t->ne[0], nr, xc, x_stride, 1, y + r, (int64_t)rows};
         ++*n;
     }
     return SP_OK;
@@ -343,12 +344,13 @@ static sp_status decode_experts(struct sp_model *m, struct sp_fwd *f, const stru
     const struct sp_hparams *hp = &m->mf->hp;
     const uint32_t E = hp->n_embd, FE = hp->n_ff_exp, K = hp->n_experts_used;
     const struct sp_tensor_desc *G = L->ffn_gate_exps, *U = L->ffn_up_exps, *D = L->ffn_down_exps;
-    if (K > f->n_batch || G->type != U->type) return SP_E_BUFFER;
+    const uint32_t gt = sp_pager_wtype(m->pager, G);
+    if (K > f->n_batch || gt != sp_pager_wtype(m->pager, U)) return SP_E_BUFFER;
     struct sp_mm_part parts[MAX_PARTS];
     struct pinned pins[MAX_PARTS];
     int n = 0;
     size_t stride;
-    const void *xc = sp_act_convert(G->type, f->xb, E, E, 1, f->xq, &stride);
+    const void *xc = sp_act_convert(gt, f->xb, E, E, 1, f->xq, &stride);
     sp_status rc = SP_OK;
     for (uint32_t k = 0; k < K && rc == SP_OK; k++) {
         const uint32_t e = (uint32_t)f->sel[k];
@@ -359,7 +361,7 @@ static sp_status decode_experts(struct sp_model *m, struct sp_fwd *f, const stru
     unpin_all(m->pager, pins, n);
     if (rc) return rc;
     sp_silu_mul(f->hb, f->hb2, (int64_t)K * FE);
-    const void *hc = sp_act_convert(D->type, f->hb, FE, FE, K, f->xq, &stride);
+    const void *hc = sp_act_convert(sp_pager_wtype(m->pager, D), f->hb, FE, FE, K, f->xq, &stride);
     n = 0;
     for (uint32_t k = 0; k < K && rc == SP_OK; k++) {
         rc = add_parts(m, D, (uint32_t)f->sel[k], (const uint8_t *)hc + k * stride, stride, f->yg + (size_t)k * E,

@@ -38,6 +38,33 @@ enum sp_qtype {
     SP_QTYPE_COUNT = 31
 };
 
+/* Q4_0 repacked by groups of 8 blocks, a resident layout only: the pager
+ * makes it from Q4_0 in place when it loads weights (sp_pager_wtype), files
+ * never hold it and no type name resolves to it.  Per 256 elements, 144
+ * bytes as 8 Q4_0 blocks: the 8 fp16 scales (block order), then 4 vectors of
+ * 32 bytes in which dword k of vector m is bytes 4m..4m+3 of block k's qs.
+ * Its id lies in the native range (native.h) so traits.c keeps its kernels
+ * in the native table; docs/KERNELS.md says why the layout. */
+#define SP_QTYPE_Q4_0_G8 1149u
+#define SP_QK_G8 256 /* elements per group */
+/* Q4_K with each super-block's quant bytes turned for decode, a resident
+ * layout only: the pager makes it from Q4_K in place when it loads weights
+ * (sp_pager_wtype); files never hold it and no type name resolves to it.
+ * Per 256 elements the 144 bytes of a Q4_K super-block: d, dmin and the 12
+ * scale bytes as Q4_K, then 4 vectors of 32 bytes in which dword k of
+ * vector m holds elements 4m..4m+3 of sub-block k (32 elements) in its low
+ * nibbles and 16+4m..16+4m+3 in its high ones (docs/KERNELS.md says why).
+ * Its id lies in the native range (native.h), so traits.c keeps its
+ * kernels in the native table. */
+#define SP_QTYPE_Q4_K_G8 1148u
+/* Q6_K likewise (Q6_K_g8): per 256 elements the 210 bytes of a Q6_K
+ * super-block, scales and d where Q6_K has them; the 8 vectors the kernels
+ * multiply hold, in byte b of dword k of vector j, element 2j + b % 2 of
+ * sub-block 2k + b / 2 (16 elements): its low 4 bits are nibble j % 2 of
+ * byte 32 (j / 2) + 4k + b of ql, its high 2 bits field j % 4 of byte
+ * 32 (j / 4) + 4k + b of qh. */
+#define SP_QTYPE_Q6_K_G8 1147u
+
 /* Convert n elements (n a multiple of block_elems) of packed blocks to float. */
 typedef void (*sp_to_float_fn)(const void *restrict src, float *restrict dst, int64_t n);
 /* Quantize n floats (n a multiple of block_elems) into packed blocks. */
@@ -79,6 +106,15 @@ const struct sp_qtraits *sp_qtraits_ref(uint32_t t);
 /* The portable batched product: loops over vec_dot of type t. */
 void sp_gemm_generic(uint32_t t, int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *x,
                      size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
+
+/* Repack n_rows rows of n elements (n a multiple of SP_QK_G8), stride bytes
+ * apart, from Q4_0 to Q4_0_g8 in place (same bytes per row). */
+void sp_q4_0_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
+/* Repack n_rows rows of n elements (n a multiple of 256), stride bytes
+ * apart, from Q4_K to Q4_K_g8 in place (same bytes per row). */
+void sp_q4_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
+/* The same from Q6_K to Q6_K_g8. */
+void sp_q6_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
 
 /* "F32", "Q4_K", ... or NULL for unknown ids. */
 const char *sp_qtype_name(uint32_t t);

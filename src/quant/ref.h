@@ -75,7 +75,18 @@ void sp_vec_dot_q8_0_q8_0_ref(int64_t n, float *restrict s, const void *restrict
 void sp_vec_dot_q2_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 void sp_vec_dot_q3_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 void sp_vec_dot_q4_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
+/* Q4_K_g8 (quant.h, repack_k.c): Q4_K's values and float order */
+void sp_q4_k_g8_to_float_ref(const void *restrict src, float *restrict dst, int64_t n);
+void sp_vec_dot_q4_k_g8_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
+/* Q6_K_g8 likewise: Q6_K's values and float order */
+void sp_q6_k_g8_to_float_ref(const void *restrict src, float *restrict dst, int64_t n);
+void sp_vec_dot_q6_k_g8_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 void sp_vec_dot_q5_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 void sp_vec_dot_q6_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
+
+/* ---- resident layouts (repack.c) -------------------------------------------
+ * Q4_0_g8 (quant.h): the same values and the same float order as Q4_0. */
+void sp_q4_0_g8_to_float_ref(const void *restrict src, float *restrict dst, int64_t n);
+void sp_vec_dot_q4_0_g8_q8_0_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 
 #endif /* SP_QUANT_REF_H */

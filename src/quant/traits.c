@@ -71,6 +71,30 @@ static const struct sp_qtraits ref_table[SP_QTYPE_COUNT] = {
                        .to_float = sp_q8_k_to_float_ref, .from_float = sp_q8_k_from_float_ref},
 };
 
+/* The resident layouts (quant.h; repack.c, repack_k.c): entries of the
+ * native table with no name there, so that native names and
+ * sp_qtype_is_native() never reach them.  No gemm in the reference: the
+ * pager repacks only where a SIMD gemm is registered. */
+static const struct {
+    uint32_t id;
+    enum sp_qtype from; /* the file type it is made from */
+    struct sp_qtraits ref;
+} resident[] = {
+    {SP_QTYPE_Q4_0_G8, SP_QTYPE_Q4_0,
+     {.name = "Q4_0_g8", .block_elems = SP_QK_G8, .block_bytes = 144, .vec_dot_type = SP_QTYPE_Q8_0,
+      .to_float = sp_q4_0_g8_to_float_ref, .vec_dot = sp_vec_dot_q4_0_g8_q8_0_ref}},
+    {SP_QTYPE_Q4_K_G8, SP_QTYPE_Q4_K,
+     {.name = "Q4_K_g8", .block_elems = SP_QK_K, .block_bytes = 144, .vec_dot_type = SP_QTYPE_Q8_K,
+      .to_float = sp_q4_k_g8_to_float_ref, .vec_dot = sp_vec_dot_q4_k_g8_q8_k_ref}},
+    {SP_QTYPE_Q6_K_G8, SP_QTYPE_Q6_K,
+     {.name = "Q6_K_g8", .block_elems = SP_QK_K, .block_bytes = 210, .vec_dot_type = SP_QTYPE_Q8_K,
+      .to_float = sp_q6_k_g8_to_float_ref, .vec_dot = sp_vec_dot_q6_k_g8_q8_k_ref}},
+};
+static_assert(SP_QTYPE_Q4_0_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q4_0_G8 < SP_QTYPE_X8 &&
+                  SP_QTYPE_Q4_K_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q4_K_G8 < SP_QTYPE_X8 &&
+                  SP_QTYPE_Q6_K_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q6_K_G8 < SP_QTYPE_X8,
+              "resident layout ids in the native range");
+
 static struct sp_qtraits table[SP_QTYPE_COUNT];
 /* Sparrow's native types (native.h), indexed by id - SP_QTYPE_NATIVE_FIRST. */
 static struct sp_qtraits ntable[SP_QTYPE_NATIVE_COUNT];
@@ -87,6 +111,7 @@ void sp_quant_init(void) {
         const struct sp_qtraits *r = sp_native_ref_traits(SP_QTYPE_NATIVE_FIRST + i);
         if (r) ntable[i] = *r;
     }
+    for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++) ntable[resident[k].id - SP_QTYPE_NATIVE_FIRST] = resident[k].ref;
     /* ISA hook: x86/ and arm/ variants replace table[t].vec_dot / to_float /
      * from_float here, chosen from sp_cpu_features().  A replaced from_float
      * must produce the same bytes as the reference one (activations are
@@ -111,7 +136,14 @@ void sp_quant_init(void) {
          * SPARROW_ISA caps the level (ref/avx2/avx512) or SPARROW_AMX=0. */
         const char *isa = getenv("SPARROW_ISA");
         if (!isa || (strcmp(isa, "ref") && strcmp(isa, "avx2") && strcmp(isa, "avx512"))) {
+            sp_gemm_fn before[SP_ARRAY_LEN(resident)];
+            for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++) before[k] = table[resident[k].from].gemm;
             sp_quant_register_amx(table, sp_cpu_features());
+            /* AMX's prefill reads the file layouts: where it took a type's
+             * gemm, that type stays as it is (no resident gemm, so the pager
+             * does not repack it) */
+            for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++)
+                if (table[resident[k].from].gemm != before[k]) ntable[resident[k].id - SP_QTYPE_NATIVE_FIRST].gemm = NULL;
         }
     }
 #endif
@@ -138,6 +170,8 @@ const struct sp_qtraits *sp_qtraits_get(uint32_t t) {
 }
 
 const struct sp_qtraits *sp_qtraits_ref(uint32_t t) {
+    for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++)
+        if (t == resident[k].id) return &resident[k].ref;
     if (is_native_id(t)) return sp_native_ref_traits(t);
     if (t >= SP_QTYPE_COUNT || !ref_table[t].name) return NULL;
     return &ref_table[t];

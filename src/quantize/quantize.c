@@ -58,11 +58,12 @@ static const char *type_name(uint32_t t) {
 /* Rows [row0, row0 + n) of tensor t (rows of ne[0] elements over all its
  * higher dimensions) as floats into dst, through the pager. */
 sp_status sp_qread_rows(struct sp_model *m, const struct sp_tensor_desc *t, int64_t row0, int64_t n, float *dst) {
-    const size_t rb = sp_qtype_row_bytes(t->type, t->ne[0]);
+    const uint32_t wt = sp_pager_wtype(m->pager, t);
+    const size_t rb = sp_qtype_row_bytes(wt, t->ne[0]);
     const void *p;
     sp_status rc = sp_pager_pin_range(m->pager, t, (uint64_t)row0 * rb, (uint64_t)n * rb, &p);
     if (rc) return rc;
-    sp_qtraits_get(t->type)->to_float(p, dst, n * t->ne[0]);
+    sp_qtraits_get(wt)->to_float(p, dst, n * t->ne[0]);
     sp_pager_unpin(m->pager, t, p);
     return SP_OK;
 }

@@ -18,4 +18,5 @@ void sp_quant_register_avx2(struct sp_qtraits *table, const struct sp_cpu_featur
 void sp_quant_register_native_avx2(struct sp_qtraits *ntable, const struct sp_cpu_features *f) {
     if (!f->avx2 || !f->fma || !f->f16c) return;
     spxn_install(ntable);
+    spx_install_resident(ntable);
 }

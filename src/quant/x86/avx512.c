@@ -21,4 +21,5 @@ void sp_quant_register_avx512(struct sp_qtraits *table, const struct sp_cpu_feat
 void sp_quant_register_native_avx512(struct sp_qtraits *ntable, const struct sp_cpu_features *f) {
     if (!f->avx512f || !f->avx512bw || !f->avx512vl || !f->avx512vnni || !f->fma || !f->f16c) return;
     spxn_install(ntable);
+    spx_install_resident(ntable);
 }
