@@ -17,6 +17,7 @@
 #include "mem/pager.h"
 #include "mem/plan.h"
 #include "model/model.h"
+#include "quant/quant.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -290,6 +291,20 @@ static void test_forward_under_budget(const char *rel, uint64_t weights) {
            pl ? pl->expert_slots : 0, ms.bytes_read / 1024.0, (unsigned long long)ms.misses,
            (unsigned long long)ms.prefetch_used, (unsigned long long)ms.prefetch_issued);
     CHECK(ms.budgeted && ms.bytes_read > (uint64_t)info.tensor_bytes / 2);
+    /* pinned tensors take their resident layout (quant.h) where the table
+     * has one, streamed ones keep the file's; the logits above did not move */
+    uint32_t relaid = 0, relaid_streamed = 0;
+    for (uint32_t i = 0; i < m->mf->n_tensors; i++) {
+        const struct sp_tensor_desc *t = &m->mf->tensors[i];
+        if (sp_pager_wtype(m->pager, t) == t->type) continue;
+        relaid++;
+        relaid_streamed += sp_pager_streams(m->pager, t);
+    }
+    if (relaid) printf("    %u pinned tensors in their resident layouts\n", relaid);
+    CHECKF(relaid_streamed == 0, "%s: %u streamed tensors report a resident layout", rel, relaid_streamed);
+#if defined(__x86_64__)
+    if (strstr(rel, "q4_k") && sp_qtraits_get(SP_QTYPE_Q4_K_G8)->gemm) CHECKF(relaid > 0, "%s: nothing pinned was repacked", rel);
+#endif
     if (info.n_experts > 0) {
         /* the experts were evicted and read again, token after token */
         printf("    experts: %llu slices needed, %.3f found cached\n", (unsigned long long)ms.expert_pins,
@@ -393,6 +408,8 @@ int main(void) {
     test_forward_under_budget("models/stories260K/stories260K-f32.gguf", 192 * 1024);
     test_forward_under_budget("models/stories260K/stories260K.bin", 128 * 1024);
     test_forward_under_budget("models/stories260K-pad256/stories260K-pad256-f32.gguf", 512 * 1024);
+    /* Q4_K and Q6_K: pinned tensors repacked to Q4_K_g8 / Q6_K_g8, the rest streamed as the file has them */
+    test_forward_under_budget("models/stories260K-pad256/stories260K-pad256-q4_k_m.gguf", 384 * 1024);
     /* MoE: experts evicted and re-read every token (the goldens in
      * test_golden hold for the unbudgeted run, so they hold here too) */
     test_forward_under_budget("models/stories260K-moe/stories260K-moe-f32.gguf", 1024 * 1024);

@@ -171,13 +171,15 @@ static const struct {
     {SP_QTYPE_Q6_K, SP_QTYPE_Q6_K_G8, sp_q6_k_g8_repack, 256},
 };
 
-/* Give the matrices of the loaded region that have a resident layout that
- * layout, in place (the same bytes per row, so nothing grows): the decode
- * kernels read them with far fewer vector ops (docs/KERNELS.md).  Only
- * where the table has the layout's gemm (x86 with AVX2; not on AArch64,
- * whose kernels read the file layouts) and never for the tensor read by
- * rows. */
-static void repack_loaded(struct sp_pager *pg, uint8_t *region) {
+/* Give the matrices that have a resident layout that layout, in place (the
+ * same bytes per row, so nothing grows): the decode kernels read them with
+ * far fewer vector ops (docs/KERNELS.md).  Only where the table has the
+ * layout's gemm (x86 with AVX2; not on AArch64, whose kernels read the file
+ * layouts) and never for the tensor read by rows.  region: LOAD's region
+ * (every tensor); NULL: the budgeted back end's pinned tensors, which stay
+ * resident for good (streamed ones keep the file layout: they are read
+ * straight into slots and used from there). */
+static void repack_resident(struct sp_pager *pg, uint8_t *region) {
     const struct sp_model_file *mf = pg->mf;
     if (!pg->cfg.repack) return;
     const double t0 = now_s();
@@ -185,13 +187,14 @@ static void repack_loaded(struct sp_pager *pg, uint8_t *region) {
     uint32_t n = 0;
     for (uint32_t i = 0; i < mf->n_tensors; i++) {
         const struct sp_tensor_desc *t = &mf->tensors[i];
-        if (t == pg->cfg.by_rows) continue;
+        if (t == pg->cfg.by_rows || (!region && pg->plan.t[i].place != SP_PLACE_PINNED)) continue;
+        uint8_t *data = region ? region + (t->offset - pg->base)
+                               : pg->pinned_region + (pg->tptr[i] - (const uint8_t *)pg->pinned_region);
         for (size_t k = 0; k < SP_ARRAY_LEN(resident_layouts); k++) {
             const struct sp_qtraits *to = sp_qtraits_get(resident_layouts[k].to);
             if (t->type != resident_layouts[k].from || !to || !to->gemm || t->ne[0] % resident_layouts[k].mult) continue;
             if (!pg->wtype && !(pg->wtype = sp_calloc(mf->n_tensors, sizeof *pg->wtype))) return; /* file layouts */
-            resident_layouts[k].repack(region + (t->offset - pg->base), (int64_t)tensor_rows(t), t->ne[0],
-                                       sp_qtype_row_bytes(t->type, t->ne[0]));
+            resident_layouts[k].repack(data, (int64_t)tensor_rows(t), t->ne[0], sp_qtype_row_bytes(t->type, t->ne[0]));
             pg->wtype[i] = resident_layouts[k].to;
             bytes += t->size;
             n++;
@@ -232,7 +235,7 @@ static sp_status load_file(struct sp_pager *pg, int fd) {
         }
         done += (uint64_t)r;
     }
-    repack_loaded(pg, m);
+    repack_resident(pg, m);
     (void)mprotect(m, (size_t)n, PROT_READ); /* weights are read-only from here on */
     pg->map = m;
     pg->map_size = n;
@@ -577,6 +580,7 @@ static sp_status load_pinned(struct sp_pager *pg) {
     const int err = pg->pinned_err;
     pthread_mutex_unlock(&pg->mu);
     if (err) return sp_err(SP_E_IO, "%s: reading the weights of '%s': %s", __func__, mf->path, strerror(err));
+    repack_resident(pg, NULL);
     return SP_OK;
 }
 
