@@ -10,6 +10,7 @@
 #define SP_TEST_ISA_H
 
 #include "core/cpu.h"
+#include "quant/isa.h"
 #include "quant/quant.h"
 
 #include <stdbool.h>
@@ -54,6 +55,20 @@ static inline int test_isa_levels(struct test_isa_level lv[TEST_ISA_MAX]) {
         printf("level %-16s %s\n", lv[i].name, lv[i].have ? "tested" : "skipped (CPU lacks it, or tested by another binary)");
     }
     return n;
+}
+
+/* Registers level lv's native-type kernels (and the resident layouts')
+ * in tab, a table of native ids (test_setup_levels' reg). */
+static inline void test_isa_register_native(struct sp_qtraits *tab, const struct test_isa_level *lv) {
+#if defined(__x86_64__)
+    if (lv->isa == TEST_ISA_AVX512) sp_quant_register_native_avx512(tab, &lv->feat);
+    else sp_quant_register_native_avx2(tab, &lv->feat);
+#elif defined(__aarch64__)
+    sp_quant_register_native_neon(tab, &lv->feat);
+#else
+    (void)tab;
+    (void)lv;
+#endif
 }
 
 /* A level's dispatch table for the types [first, first + count). */

@@ -364,18 +364,6 @@ static void test_gemm(const struct test_level *l) {
 static struct test_level res_levels[TEST_ISA_MAX];
 static struct sp_qtraits res_tabs[TEST_ISA_MAX][SP_QTYPE_NATIVE_COUNT];
 
-static void register_native_level(struct sp_qtraits *tab, const struct test_isa_level *lv) {
-#if defined(__x86_64__)
-    if (lv->isa == TEST_ISA_AVX512) sp_quant_register_native_avx512(tab, &lv->feat);
-    else sp_quant_register_native_avx2(tab, &lv->feat);
-#elif defined(__aarch64__)
-    sp_quant_register_native_neon(tab, &lv->feat);
-#else
-    (void)tab;
-    (void)lv;
-#endif
-}
-
 struct resident {
     enum sp_qtype from;
     uint32_t to;
@@ -493,7 +481,7 @@ static void test_isa_override(void) {
 int main(void) {
     test_isa_override();
     setup_levels();
-    test_setup_levels(res_levels, &res_tabs[0][0], SP_QTYPE_NATIVE_FIRST, SP_QTYPE_NATIVE_COUNT, register_native_level);
+    test_setup_levels(res_levels, &res_tabs[0][0], SP_QTYPE_NATIVE_FIRST, SP_QTYPE_NATIVE_COUNT, test_isa_register_native);
     for (int i = 0; i < n_levels; i++) {
         if (!levels[i].have) continue;
         test_from_float(&levels[i]);

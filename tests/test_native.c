@@ -523,20 +523,8 @@ static int n_levels;
 static struct test_level levels[TEST_ISA_MAX];
 static struct sp_qtraits level_tabs[TEST_ISA_MAX][SP_QTYPE_NATIVE_COUNT];
 
-static void register_level(struct sp_qtraits *tab, const struct test_isa_level *lv) {
-#if defined(__x86_64__)
-    if (lv->isa == TEST_ISA_AVX512) sp_quant_register_native_avx512(tab, &lv->feat);
-    else sp_quant_register_native_avx2(tab, &lv->feat);
-#elif defined(__aarch64__)
-    sp_quant_register_native_neon(tab, &lv->feat);
-#else
-    (void)tab;
-    (void)lv;
-#endif
-}
-
 static void setup_levels(void) {
-    n_levels = test_setup_levels(levels, &level_tabs[0][0], SP_QTYPE_NATIVE_FIRST, SP_QTYPE_NATIVE_COUNT, register_level);
+    n_levels = test_setup_levels(levels, &level_tabs[0][0], SP_QTYPE_NATIVE_FIRST, SP_QTYPE_NATIVE_COUNT, test_isa_register_native);
 }
 
 static const struct sp_qtraits *lvl(const struct test_level *l, uint32_t t) {

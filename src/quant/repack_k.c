@@ -59,7 +59,9 @@ void sp_q4_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride) {
 }
 
 /* Super-block g of Q4_K_g8 back in Q4_K's layout. */
-static void g8k_unturn(const struct sp_block_q4_k *g, struct sp_block_q4_k *out) {
+static void g8k_unturn(const void *gv, void *outv) {
+    const struct sp_block_q4_k *g = gv;
+    struct sp_block_q4_k *out = outv;
     *out = *g;
     memset(out->qs, 0, sizeof out->qs);
     for (int k = 0; k < 8; k++) {
@@ -70,31 +72,43 @@ static void g8k_unturn(const struct sp_block_q4_k *g, struct sp_block_q4_k *out)
     }
 }
 
-void sp_q4_k_g8_to_float_ref(const void *restrict src, float *restrict dst, int64_t n) {
-    assert(n % SP_QK_K == 0);
-    const struct sp_block_q4_k *g = src;
+/* A turned layout's reference: each super-block turned back (unturn, into
+ * a block of bb bytes) and handed to the file type's reference.  vec_dot
+ * keeps the file type's order: sum = sum + (term of super-block i), the
+ * term being what its vec_dot of that one super-block returns. */
+typedef void (*unturn_fn)(const void *g, void *out);
+
+static void turned_to_float(unturn_fn unturn, size_t bb, sp_to_float_fn to_float, const void *src, float *dst,
+                            int64_t n) {
+    assert(n % SP_QK_K == 0 && bb <= 256);
+    _Alignas(16) uint8_t b[256];
     for (int64_t i = 0; i < n / SP_QK_K; i++, dst += SP_QK_K) {
-        struct sp_block_q4_k b;
-        g8k_unturn(&g[i], &b);
-        sp_q4_k_to_float_ref(&b, dst, SP_QK_K);
+        unturn((const uint8_t *)src + (size_t)i * bb, b);
+        to_float(b, dst, SP_QK_K);
     }
 }
 
-/* Q4_K's reference order: sum = sum + (term of super-block i), the term
- * being what Q4_K's vec_dot of that one super-block returns. */
-void sp_vec_dot_q4_k_g8_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) {
-    assert(n % SP_QK_K == 0);
-    const struct sp_block_q4_k *g = w;
+static void turned_vec_dot(unturn_fn unturn, size_t bb, sp_vec_dot_fn dot, int64_t n, float *s, const void *w,
+                           const void *x) {
+    assert(n % SP_QK_K == 0 && bb <= 256);
     const struct sp_block_q8_k *y = x;
+    _Alignas(16) uint8_t b[256];
     float sum = 0;
     for (int64_t i = 0; i < n / SP_QK_K; i++) {
-        struct sp_block_q4_k b;
         float t;
-        g8k_unturn(&g[i], &b);
-        sp_vec_dot_q4_k_q8_k_ref(SP_QK_K, &t, &b, &y[i]);
+        unturn((const uint8_t *)w + (size_t)i * bb, b);
+        dot(SP_QK_K, &t, b, &y[i]);
         sum += t;
     }
     *s = sum;
+}
+
+void sp_q4_k_g8_to_float_ref(const void *restrict src, float *restrict dst, int64_t n) {
+    turned_to_float(g8k_unturn, sizeof(struct sp_block_q4_k), sp_q4_k_to_float_ref, src, dst, n);
+}
+
+void sp_vec_dot_q4_k_g8_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) {
+    turned_vec_dot(g8k_unturn, sizeof(struct sp_block_q4_k), sp_vec_dot_q4_k_q8_k_ref, n, s, w, x);
 }
 
 /* ---- Q6_K_g8 ---------------------------------------------------------------- */
@@ -145,7 +159,9 @@ void sp_q6_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride) {
     }
 }
 
-static void g8k6_unturn(const struct sp_block_q6_k *g, struct sp_block_q6_k *out) {
+static void g8k6_unturn(const void *gv, void *outv) {
+    const struct sp_block_q6_k *g = gv;
+    struct sp_block_q6_k *out = outv;
     *out = *g;
     memset(out->ql, 0, sizeof out->ql);
     memset(out->qh, 0, sizeof out->qh);
@@ -161,26 +177,9 @@ static void g8k6_unturn(const struct sp_block_q6_k *g, struct sp_block_q6_k *out
 }
 
 void sp_q6_k_g8_to_float_ref(const void *restrict src, float *restrict dst, int64_t n) {
-    assert(n % SP_QK_K == 0);
-    const struct sp_block_q6_k *g = src;
-    for (int64_t i = 0; i < n / SP_QK_K; i++, dst += SP_QK_K) {
-        struct sp_block_q6_k b;
-        g8k6_unturn(&g[i], &b);
-        sp_q6_k_to_float_ref(&b, dst, SP_QK_K);
-    }
+    turned_to_float(g8k6_unturn, sizeof(struct sp_block_q6_k), sp_q6_k_to_float_ref, src, dst, n);
 }
 
 void sp_vec_dot_q6_k_g8_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) {
-    assert(n % SP_QK_K == 0);
-    const struct sp_block_q6_k *g = w;
-    const struct sp_block_q8_k *y = x;
-    float sum = 0;
-    for (int64_t i = 0; i < n / SP_QK_K; i++) {
-        struct sp_block_q6_k b;
-        float t;
-        g8k6_unturn(&g[i], &b);
-        sp_vec_dot_q6_k_q8_k_ref(SP_QK_K, &t, &b, &y[i]);
-        sum += t;
-    }
-    *s = sum;
+    turned_vec_dot(g8k6_unturn, sizeof(struct sp_block_q6_k), sp_vec_dot_q6_k_q8_k_ref, n, s, w, x);
 }
