@@ -272,6 +272,25 @@ static void test_vec_dot(const struct test_level *l) {
 
 /* One gemm configuration set for type t at row length n; small: every token
  * and row count, else a few (long rows cross the kernels' K chunks). */
+/* One gemm call of tr into y (max_tok rows of ldy floats, filled with a
+ * sentinel first) for nr rows and nt tokens: checks that it allocated
+ * nothing and wrote nothing outside the nt x nr corner (counted in *bad);
+ * the caller checks the corner. */
+#define GEMM_SENTINEL (-12345.0f)
+static void run_gemm(const struct test_level *l, const struct sp_qtraits *tr, int64_t n, const uint8_t *w,
+                     size_t w_stride, int64_t nr, const uint8_t *x, size_t x_stride, int64_t nt, float *y, int64_t ldy,
+                     int64_t max_tok, int *bad) {
+    for (int64_t i = 0; i < max_tok * ldy; i++) y[i] = GEMM_SENTINEL;
+    const uint64_t allocs = sp_alloc_count();
+    tr->gemm(n, w, w_stride, nr, x, x_stride, nt, y, ldy);
+    /* the token path never allocates (DESIGN.md) */
+    CHECKF(sp_alloc_count() == allocs, "%s %s gemm n %lld tok %lld allocated", l->name, tr->name, (long long)n,
+           (long long)nt);
+    for (int64_t i = 0; i < max_tok; i++)
+        for (int64_t r = 0; r < ldy; r++)
+            if ((i >= nt || r >= nr) && y[i * ldy + r] != GEMM_SENTINEL) (*bad)++;
+}
+
 static void gemm_case(const struct test_level *l, enum sp_qtype t, int64_t n, bool small, double *worst, int *bad) {
     /* 70 tokens: more than one token group (32 tokens; 64 in the Q4_0/Q8_0 gemms) */
     static const int64_t toks_all[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 70}, toks_few[] = {1, 3, 33};
@@ -296,19 +315,10 @@ static void gemm_case(const struct test_level *l, enum sp_qtype t, int64_t n, bo
     for (size_t ri = 0; ri < n_rowss; ri++) {
         for (size_t ti = 0; ti < n_toks; ti++) {
             const int64_t nr = rows[ri], nt = toks[ti];
-            for (int64_t i = 0; i < max_tok * ldy; i++) y[i] = -12345.0f;
-            const uint64_t allocs = sp_alloc_count();
-            tr->gemm(n, w, w_stride, nr, x, x_stride, nt, y, ldy);
-            /* the token path never allocates (DESIGN.md) */
-            CHECKF(sp_alloc_count() == allocs, "%s %s gemm n %lld tok %lld allocated", l->name, tr->name, (long long)n,
-                   (long long)nt);
-            for (int64_t i = 0; i < max_tok; i++) {
-                for (int64_t r = 0; r < ldy; r++) {
+            run_gemm(l, tr, n, w, w_stride, nr, x, x_stride, nt, y, ldy, max_tok, bad);
+            for (int64_t i = 0; i < nt; i++) {
+                for (int64_t r = 0; r < nr; r++) {
                     const float v = y[i * ldy + r];
-                    if (i >= nt || r >= nr) {
-                        if (v != -12345.0f) (*bad)++;
-                        continue;
-                    }
                     float s = 0;
                     tr->vec_dot(n, &s, w + (size_t)r * w_stride, x + (size_t)i * x_stride);
                     const double m = dot_magnitude(t, w + (size_t)r * w_stride, x + (size_t)i * x_stride, n, fa, fb);
@@ -409,19 +419,14 @@ static void resident_case(const struct test_level *l, const struct resident *rs,
     for (size_t ri = 0; ri < n_rows; ri++) {
         for (size_t ti = 0; ti < n_toks; ti++) {
             const int64_t nr = rows[ri], nt = toks[ti];
-            for (int64_t i = 0; i < max_tok * ldy; i++) y[i] = -12345.0f;
-            const uint64_t allocs = sp_alloc_count();
-            got->gemm(n, wg, w_stride, nr, x, x_stride, nt, y, ldy);
-            CHECKF(sp_alloc_count() == allocs, "%s %s gemm n %lld tok %lld allocated", l->name, ref->name, (long long)n,
-                   (long long)nt);
-            for (int64_t i = 0; i < max_tok; i++) {
-                for (int64_t r = 0; r < ldy; r++) {
+            run_gemm(l, got, n, wg, w_stride, nr, x, x_stride, nt, y, ldy, max_tok, bad);
+            for (int64_t i = 0; i < nt; i++) {
+                for (int64_t r = 0; r < nr; r++) {
                     const float v = y[i * ldy + r];
-                    const bool in = i < nt && r < nr;
-                    if ((in ? v != s0[i * max_rows + r] : v != -12345.0f) && (*bad)++ < 3) {
+                    if (v != s0[i * max_rows + r] && (*bad)++ < 3) {
                         fprintf(stderr, "%s %s gemm n %lld rows %lld tok %lld: y[%lld][%lld] %.9g vs %.9g\n", l->name,
                                 ref->name, (long long)n, (long long)nr, (long long)nt, (long long)i, (long long)r, v,
-                                in ? s0[i * max_rows + r] : -12345.0f);
+                                s0[i * max_rows + r]);
                     }
                 }
             }
