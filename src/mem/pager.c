@@ -161,7 +161,7 @@ static sp_status map_file(struct sp_pager *pg, int fd) {
 
 /* Give the Q4_0 matrices of the loaded region the Q4_0_g8 layout, in place
  * (the same bytes per row, so nothing grows): the decode kernel reads it
- * with about 40% fewer vector ops (docs/KERNELS.md).  Only where the table
+ * with about a third fewer vector ops (docs/KERNELS.md).  Only where the table
  * has its gemm (x86 with AVX2, not where AMX takes Q4_0's prefill) and
  * never for the tensor read by rows; rows must be whole groups. */
 static void repack_loaded(struct sp_pager *pg, uint8_t *region) {
