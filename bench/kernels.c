@@ -112,7 +112,6 @@ static const struct {
 } resident[] = {
     {SP_QTYPE_Q4_0_G8, SP_QTYPE_Q4_0, sp_q4_0_g8_repack},
     {SP_QTYPE_Q4_K_G8, SP_QTYPE_Q4_K, sp_q4_k_g8_repack},
-    {SP_QTYPE_Q6_K_G8, SP_QTYPE_Q6_K, sp_q6_k_g8_repack},
 };
 
 static void fill_weights(uint32_t t, uint8_t *w, size_t bytes) {

@@ -445,7 +445,6 @@ static void test_resident(const struct test_level *l) {
     static const struct resident layouts[] = {
         {SP_QTYPE_Q4_0, SP_QTYPE_Q4_0_G8, sp_q4_0_g8_repack},
         {SP_QTYPE_Q4_K, SP_QTYPE_Q4_K_G8, sp_q4_k_g8_repack},
-        {SP_QTYPE_Q6_K, SP_QTYPE_Q6_K_G8, sp_q6_k_g8_repack},
     };
     static const int64_t toks_all[] = {1, 2, 3, 4, 5, 8, 16, 33, 70}, toks_few[] = {1, 3, 17};
     static const int64_t rows_all[] = {1, 5, 8, 13, 16, 41, 77}, rows_few[] = {5, 13};

@@ -408,7 +408,7 @@ int main(void) {
     test_forward_under_budget("models/stories260K/stories260K-f32.gguf", 192 * 1024);
     test_forward_under_budget("models/stories260K/stories260K.bin", 128 * 1024);
     test_forward_under_budget("models/stories260K-pad256/stories260K-pad256-f32.gguf", 512 * 1024);
-    /* Q4_K and Q6_K: pinned tensors repacked to Q4_K_g8 / Q6_K_g8, the rest streamed as the file has them */
+    /* Q4_K: pinned tensors repacked to Q4_K_g8, the rest streamed as the file has them */
     test_forward_under_budget("models/stories260K-pad256/stories260K-pad256-q4_k_m.gguf", 384 * 1024);
     /* MoE: experts evicted and re-read every token (the goldens in
      * test_golden hold for the unbudgeted run, so they hold here too) */

@@ -168,7 +168,6 @@ static const struct {
 } resident_layouts[] = {
     {SP_QTYPE_Q4_0, SP_QTYPE_Q4_0_G8, sp_q4_0_g8_repack, SP_QK_G8},
     {SP_QTYPE_Q4_K, SP_QTYPE_Q4_K_G8, sp_q4_k_g8_repack, 256},
-    {SP_QTYPE_Q6_K, SP_QTYPE_Q6_K_G8, sp_q6_k_g8_repack, 256},
 };
 
 /* Give the matrices that have a resident layout that layout, in place (the

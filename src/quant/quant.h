@@ -57,13 +57,6 @@ enum sp_qtype {
  * Its id lies in the native range (native.h), so traits.c keeps its
  * kernels in the native table. */
 #define SP_QTYPE_Q4_K_G8 1148u
-/* Q6_K likewise (Q6_K_g8): per 256 elements the 210 bytes of a Q6_K
- * super-block, scales and d where Q6_K has them; the 8 vectors the kernels
- * multiply hold, in byte b of dword k of vector j, element 2j + b % 2 of
- * sub-block 2k + b / 2 (16 elements): its low 4 bits are nibble j % 2 of
- * byte 32 (j / 2) + 4k + b of ql, its high 2 bits field j % 4 of byte
- * 32 (j / 4) + 4k + b of qh. */
-#define SP_QTYPE_Q6_K_G8 1147u
 
 /* Convert n elements (n a multiple of block_elems) of packed blocks to float. */
 typedef void (*sp_to_float_fn)(const void *restrict src, float *restrict dst, int64_t n);
@@ -113,8 +106,6 @@ void sp_q4_0_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
 /* Repack n_rows rows of n elements (n a multiple of 256), stride bytes
  * apart, from Q4_K to Q4_K_g8 in place (same bytes per row). */
 void sp_q4_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
-/* The same from Q6_K to Q6_K_g8. */
-void sp_q6_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
 
 /* "F32", "Q4_K", ... or NULL for unknown ids. */
 const char *sp_qtype_name(uint32_t t);

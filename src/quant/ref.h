@@ -78,9 +78,6 @@ void sp_vec_dot_q4_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict
 /* Q4_K_g8 (quant.h, repack_k.c): Q4_K's values and float order */
 void sp_q4_k_g8_to_float_ref(const void *restrict src, float *restrict dst, int64_t n);
 void sp_vec_dot_q4_k_g8_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
-/* Q6_K_g8 likewise: Q6_K's values and float order */
-void sp_q6_k_g8_to_float_ref(const void *restrict src, float *restrict dst, int64_t n);
-void sp_vec_dot_q6_k_g8_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 void sp_vec_dot_q5_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 void sp_vec_dot_q6_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 

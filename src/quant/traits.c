@@ -86,13 +86,9 @@ static const struct {
     {SP_QTYPE_Q4_K_G8, SP_QTYPE_Q4_K,
      {.name = "Q4_K_g8", .block_elems = SP_QK_K, .block_bytes = 144, .vec_dot_type = SP_QTYPE_Q8_K,
       .to_float = sp_q4_k_g8_to_float_ref, .vec_dot = sp_vec_dot_q4_k_g8_q8_k_ref}},
-    {SP_QTYPE_Q6_K_G8, SP_QTYPE_Q6_K,
-     {.name = "Q6_K_g8", .block_elems = SP_QK_K, .block_bytes = 210, .vec_dot_type = SP_QTYPE_Q8_K,
-      .to_float = sp_q6_k_g8_to_float_ref, .vec_dot = sp_vec_dot_q6_k_g8_q8_k_ref}},
 };
 static_assert(SP_QTYPE_Q4_0_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q4_0_G8 < SP_QTYPE_X8 &&
-                  SP_QTYPE_Q4_K_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q4_K_G8 < SP_QTYPE_X8 &&
-                  SP_QTYPE_Q6_K_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q6_K_G8 < SP_QTYPE_X8,
+                  SP_QTYPE_Q4_K_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q4_K_G8 < SP_QTYPE_X8,
               "resident layout ids in the native range");
 
 static struct sp_qtraits table[SP_QTYPE_COUNT];
