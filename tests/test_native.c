@@ -639,8 +639,8 @@ static void test_simd_dot(const struct test_level *l) {
  * TOL_DOT_SIMD of vec_dot there.  Sizes: a padded block alone, 3 blocks
  * (no whole group of 4), one group, 3 groups and 4 blocks the last padded,
  * 16 groups and 1 block, and rows over two of decode's K chunks (16384
- * elements) ending in a padded block; odd and even row counts (decode
- * walks rows in pairs), below, at and past the 8-row strips. */
+ * elements) ending in a padded block; row counts below, at and past the
+ * 8-row strips. */
 static void test_simd_gemm(const struct test_level *l) {
     static const int64_t toks[] = {1, 2, 3, 4, 5, 7, 9}, rows[] = {1, 3, 6, 8, 11};
     static const int64_t sizes[] = {33, 172, 256, 1017, 4096 + 64, 16384 + 3 * 256 + 64 + 33};
