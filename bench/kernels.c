@@ -105,19 +105,9 @@ static struct sp_qtraits *entry(struct table *tb, uint32_t t) {
 /* Rows of real quantized data: a 1 MiB pattern of blocks quantized from
  * random floats by the reference quantizer, repeated (a resident layout:
  * its file type's, repacked). */
-/* The resident layouts (quant.h): the file type each is made from. */
-static const struct {
-    uint32_t id, from;
-    void (*repack)(void *rows, int64_t n_rows, int64_t n, size_t stride);
-} resident[] = {
-    {SP_QTYPE_Q4_0_G8, SP_QTYPE_Q4_0, sp_q4_0_g8_repack},
-    {SP_QTYPE_Q4_K_G8, SP_QTYPE_Q4_K, sp_q4_k_g8_repack},
-};
-
 static void fill_weights(uint32_t t, uint8_t *w, size_t bytes) {
-    size_t rk = 0;
-    while (rk < SP_ARRAY_LEN(resident) && resident[rk].id != t) rk++;
-    const struct sp_qtraits *tr = sp_qtraits_ref(rk < SP_ARRAY_LEN(resident) ? resident[rk].from : t);
+    const uint32_t from = sp_qtype_resident_from(t); /* a resident layout: its file type's blocks, repacked */
+    const struct sp_qtraits *tr = sp_qtraits_ref(from ? from : t);
     const size_t pat_rows = (1u << 20) / sp_qtype_row_bytes(t, N_COLS) + 1;
     const size_t rb = sp_qtype_row_bytes(t, N_COLS), pat = pat_rows * rb;
     float *f = sp_malloc(N_COLS * sizeof *f);
@@ -126,7 +116,7 @@ static void fill_weights(uint32_t t, uint8_t *w, size_t bytes) {
         for (int i = 0; i < N_COLS; i++) f[i] = rng_float();
         tr->from_float(f, p + r * rb, N_COLS);
     }
-    if (rk < SP_ARRAY_LEN(resident)) resident[rk].repack(p, (int64_t)pat_rows, N_COLS, rb);
+    if (from) sp_qtype_repack(t, p, (int64_t)pat_rows, N_COLS, rb);
     for (size_t off = 0; off < bytes; off += pat) memcpy(w + off, p, SP_MIN(pat, bytes - off));
     sp_free(p);
     sp_free(f);
@@ -281,8 +271,9 @@ int main(int argc, char **argv) {
     if (n_threads >= 1 && sp_pool_init(n_threads, &pool) == SP_OK) {
         printf("\ndecode through sp_matmul, %d threads, %zu MiB matrix: GB/s of weights, all threads (wall clock, median of 7)\n",
                n_threads, big >> 20);
-        for (size_t k = 0; k < SP_ARRAY_LEN(types) + SP_ARRAY_LEN(resident); k++) {
-            const uint32_t t = k < SP_ARRAY_LEN(types) ? types[k] : resident[k - SP_ARRAY_LEN(types)].id;
+        for (size_t k = 0; k < SP_ARRAY_LEN(types) + 2; k++) { /* then the resident layouts of Q4_0 and Q4_K */
+            const uint32_t t = k < SP_ARRAY_LEN(types) ? types[k]
+                                                       : sp_qtype_resident(k == SP_ARRAY_LEN(types) ? SP_QTYPE_Q4_0 : SP_QTYPE_Q4_K);
             const char *tn = sp_qtype_name(t);
             if (!wanted(tn, argc, argv)) continue;
             const struct sp_qtraits *ref = sp_qtraits_ref(t), *xt = sp_qtraits_ref(ref->vec_dot_type);

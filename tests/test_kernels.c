@@ -377,7 +377,6 @@ static struct sp_qtraits res_tabs[TEST_ISA_MAX][SP_QTYPE_NATIVE_COUNT];
 struct resident {
     enum sp_qtype from;
     uint32_t to;
-    void (*repack)(void *rows, int64_t n_rows, int64_t n, size_t stride);
 };
 
 static void resident_case(const struct test_level *l, const struct resident *rs, int64_t n, const int64_t *rows,
@@ -399,7 +398,7 @@ static void resident_case(const struct test_level *l, const struct resident *rs,
         sp_qtraits_ref(xt)->from_float(fa, x + (size_t)i * x_stride, n);
     }
     memcpy(wg, w, (size_t)max_rows * w_stride);
-    rs->repack(wg, max_rows, n, w_stride);
+    sp_qtype_repack(rs->to, wg, max_rows, n, w_stride);
     for (int64_t r = 0; r < max_rows; r++) {
         fr->to_float(w + (size_t)r * w_stride, fa, n);
         got->to_float(wg + (size_t)r * w_stride, fb, n);
@@ -443,14 +442,16 @@ static void resident_case(const struct test_level *l, const struct resident *rs,
 
 static void test_resident(const struct test_level *l) {
     static const struct resident layouts[] = {
-        {SP_QTYPE_Q4_0, SP_QTYPE_Q4_0_G8, sp_q4_0_g8_repack},
-        {SP_QTYPE_Q4_K, SP_QTYPE_Q4_K_G8, sp_q4_k_g8_repack},
+        {SP_QTYPE_Q4_0, SP_QTYPE_Q4_0_G8},
+        {SP_QTYPE_Q4_K, SP_QTYPE_Q4_K_G8},
     };
     static const int64_t toks_all[] = {1, 2, 3, 4, 5, 8, 16, 33, 70}, toks_few[] = {1, 3, 17};
     static const int64_t rows_all[] = {1, 5, 8, 13, 16, 41, 77}, rows_few[] = {5, 13};
     for (size_t k = 0; k < SP_ARRAY_LEN(layouts); k++) {
         const struct resident *rs = &layouts[k];
         const struct sp_qtraits *got = &l->tab[rs->to - SP_QTYPE_NATIVE_FIRST];
+        CHECKF(sp_qtype_resident(rs->from) == rs->to && sp_qtype_resident_from(rs->to) == rs->from,
+               "%s: not %s's resident layout", got->name, sp_qtype_name(rs->from));
 #if defined(__x86_64__)
         CHECKF(got->gemm && got->vec_dot != sp_qtraits_ref(rs->to)->vec_dot, "%s: no %s kernels", l->name, got->name);
 #endif

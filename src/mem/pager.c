@@ -159,17 +159,6 @@ static sp_status map_file(struct sp_pager *pg, int fd) {
     return SP_OK;
 }
 
-/* The resident layouts LOAD makes (quant.h): a file type, its layout, the
- * in-place repack and the row length it needs a multiple of. */
-static const struct {
-    uint32_t from, to;
-    void (*repack)(void *rows, int64_t n_rows, int64_t n, size_t stride);
-    int64_t mult;
-} resident_layouts[] = {
-    {SP_QTYPE_Q4_0, SP_QTYPE_Q4_0_G8, sp_q4_0_g8_repack, SP_QK_G8},
-    {SP_QTYPE_Q4_K, SP_QTYPE_Q4_K_G8, sp_q4_k_g8_repack, 256},
-};
-
 /* Give the matrices that have a resident layout that layout, in place (the
  * same bytes per row, so nothing grows): the decode kernels read them with
  * far fewer vector ops (docs/KERNELS.md).  Only where the table has the
@@ -189,15 +178,14 @@ static void repack_resident(struct sp_pager *pg, uint8_t *region) {
         if (t == pg->cfg.by_rows || (!region && pg->plan.t[i].place != SP_PLACE_PINNED)) continue;
         uint8_t *data = region ? region + (t->offset - pg->base)
                                : pg->pinned_region + (pg->tptr[i] - (const uint8_t *)pg->pinned_region);
-        for (size_t k = 0; k < SP_ARRAY_LEN(resident_layouts); k++) {
-            const struct sp_qtraits *to = sp_qtraits_get(resident_layouts[k].to);
-            if (t->type != resident_layouts[k].from || !to || !to->gemm || t->ne[0] % resident_layouts[k].mult) continue;
-            if (!pg->wtype && !(pg->wtype = sp_calloc(mf->n_tensors, sizeof *pg->wtype))) return; /* file layouts */
-            resident_layouts[k].repack(data, (int64_t)tensor_rows(t), t->ne[0], sp_qtype_row_bytes(t->type, t->ne[0]));
-            pg->wtype[i] = resident_layouts[k].to;
-            bytes += t->size;
-            n++;
-        }
+        const uint32_t r = sp_qtype_resident(t->type);
+        const struct sp_qtraits *to = r ? sp_qtraits_get(r) : NULL;
+        if (!to || !to->gemm || t->ne[0] % to->block_elems) continue;
+        if (!pg->wtype && !(pg->wtype = sp_calloc(mf->n_tensors, sizeof *pg->wtype))) return; /* file layouts */
+        sp_qtype_repack(r, data, (int64_t)tensor_rows(t), t->ne[0], sp_qtype_row_bytes(t->type, t->ne[0]));
+        pg->wtype[i] = r;
+        bytes += t->size;
+        n++;
     }
     if (n) SP_LOG_I("repacked %u tensors (%.1f MiB) to resident layouts in %.2f s", n, (double)bytes / (1 << 20), now_s() - t0);
 }

@@ -100,12 +100,16 @@ const struct sp_qtraits *sp_qtraits_ref(uint32_t t);
 void sp_gemm_generic(uint32_t t, int64_t n, const void *w, size_t w_stride, int64_t n_rows, const void *x,
                      size_t x_stride, int64_t n_tok, float *y, int64_t ldy);
 
-/* Repack n_rows rows of n elements (n a multiple of SP_QK_G8), stride bytes
- * apart, from Q4_0 to Q4_0_g8 in place (same bytes per row). */
-void sp_q4_0_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
-/* Repack n_rows rows of n elements (n a multiple of 256), stride bytes
- * apart, from Q4_K to Q4_K_g8 in place (same bytes per row). */
-void sp_q4_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
+/* The resident layout made from file type t (SP_QTYPE_Q4_0_G8 from Q4_0,
+ * SP_QTYPE_Q4_K_G8 from Q4_K), or 0 if t has none.  Whether one is worth
+ * making here is the caller's question: the table has its gemm, and rows
+ * are whole blocks of it (sp_qtraits_ref(layout)->block_elems). */
+uint32_t sp_qtype_resident(uint32_t t);
+/* The file type resident layout r is made from, or 0 if r is not one. */
+uint32_t sp_qtype_resident_from(uint32_t r);
+/* Repack n_rows rows of n elements (n a multiple of r's block), stride
+ * bytes apart, from r's file type to resident layout r in place. */
+void sp_qtype_repack(uint32_t r, void *rows, int64_t n_rows, int64_t n, size_t stride);
 
 /* "F32", "Q4_K", ... or NULL for unknown ids. */
 const char *sp_qtype_name(uint32_t t);

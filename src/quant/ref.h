@@ -13,6 +13,7 @@
 #ifndef SP_QUANT_REF_H
 #define SP_QUANT_REF_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* ---- to_float (dequantize) ----------------------------------------------
@@ -78,6 +79,10 @@ void sp_vec_dot_q4_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict
 /* Q4_K_g8 (quant.h, repack_k.c): Q4_K's values and float order */
 void sp_q4_k_g8_to_float_ref(const void *restrict src, float *restrict dst, int64_t n);
 void sp_vec_dot_q4_k_g8_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
+/* The repacks into the resident layouts (sp_qtype_repack calls them): n_rows
+ * rows of n elements (a multiple of 256), stride bytes apart, in place. */
+void sp_q4_0_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
+void sp_q4_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
 void sp_vec_dot_q5_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 void sp_vec_dot_q6_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 

@@ -78,12 +78,13 @@ static const struct sp_qtraits ref_table[SP_QTYPE_COUNT] = {
 static const struct {
     uint32_t id;
     enum sp_qtype from; /* the file type it is made from */
+    void (*repack)(void *rows, int64_t n_rows, int64_t n, size_t stride);
     struct sp_qtraits ref;
 } resident[] = {
-    {SP_QTYPE_Q4_0_G8, SP_QTYPE_Q4_0,
+    {SP_QTYPE_Q4_0_G8, SP_QTYPE_Q4_0, sp_q4_0_g8_repack,
      {.name = "Q4_0_g8", .block_elems = SP_QK_G8, .block_bytes = 144, .vec_dot_type = SP_QTYPE_Q8_0,
       .to_float = sp_q4_0_g8_to_float_ref, .vec_dot = sp_vec_dot_q4_0_g8_q8_0_ref}},
-    {SP_QTYPE_Q4_K_G8, SP_QTYPE_Q4_K,
+    {SP_QTYPE_Q4_K_G8, SP_QTYPE_Q4_K, sp_q4_k_g8_repack,
      {.name = "Q4_K_g8", .block_elems = SP_QK_K, .block_bytes = 144, .vec_dot_type = SP_QTYPE_Q8_K,
       .to_float = sp_q4_k_g8_to_float_ref, .vec_dot = sp_vec_dot_q4_k_g8_q8_k_ref}},
 };
@@ -171,6 +172,23 @@ const struct sp_qtraits *sp_qtraits_ref(uint32_t t) {
     if (is_native_id(t)) return sp_native_ref_traits(t);
     if (t >= SP_QTYPE_COUNT || !ref_table[t].name) return NULL;
     return &ref_table[t];
+}
+
+uint32_t sp_qtype_resident(uint32_t t) {
+    for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++)
+        if (t == resident[k].from) return resident[k].id;
+    return 0;
+}
+
+uint32_t sp_qtype_resident_from(uint32_t r) {
+    for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++)
+        if (r == resident[k].id) return resident[k].from;
+    return 0;
+}
+
+void sp_qtype_repack(uint32_t r, void *rows, int64_t n_rows, int64_t n, size_t stride) {
+    for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++)
+        if (r == resident[k].id) resident[k].repack(rows, n_rows, n, stride);
 }
 
 const char *sp_qtype_name(uint32_t t) {
