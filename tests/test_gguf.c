@@ -970,6 +970,11 @@ static void m_moe_bad(struct sp_gguf_writer *w, const char *a) {
     sp_gguf_writer_set_u32(w, akey(a, "expert_count"), 2);
     sp_gguf_writer_set_u32(w, akey(a, "expert_used_count"), 3);
 }
+static void m_requires(struct sp_gguf_writer *w, const char *a) {
+    (void)a;
+    sp_gguf_writer_set_str(w, "sparrow.requires", "native-types-9");
+}
+
 static void m_rope_dims(struct sp_gguf_writer *w, const char *a) {
     sp_gguf_writer_set_u32(w, akey(a, "rope.dimension_count"), 4);
 }
@@ -1052,6 +1057,7 @@ static void test_model_keys(void) {
         {"qwen3moe", m_moe_bad, SP_E_FORMAT, "expert_used_count exceeds expert_count"},
         {"qwen3moe", NULL, SP_E_FORMAT, "missing required key 'qwen3moe.expert_count'"},
         {"llama", m_rope_dims, SP_E_FORMAT, "rope.dimension_count differs"},
+        {"llama", m_requires, SP_E_UNSUPPORTED, "requires 'native-types-9' (key sparrow.requires)"},
     };
     for (size_t i = 0; i < SP_ARRAY_LEN(bad); i++) {
         CHECK(write_tiny(p, bad[i].arch, bad[i].m) == SP_OK);

@@ -53,24 +53,47 @@ struct ntype {
     const char *name;
     uint32_t id;
     int bits, block;
-    bool asym, e8, nl;
+    bool asym, e8, nl, l8;
 };
 
-#define NT_ENTRY(nm, kind, blk, e8) \
-    {#nm, SP_NATIVE_ID(kind, blk, e8), SP_NATIVE_KIND_BITS(kind), 32 << (blk), SP_NATIVE_KIND_ASYM(kind), (e8),       \
-     SP_NATIVE_KIND_NL(kind)},
+#define NT_ENTRY(nm, kind, blk, sc) \
+    {#nm, SP_NATIVE_ID(kind, blk, sc), SP_NATIVE_KIND_BITS(kind), 32 << (blk), SP_NATIVE_KIND_ASYM(kind),              \
+     (sc) == SP_NS_E8, SP_NATIVE_KIND_NL(kind), (sc) == SP_NS_L8},
 static const struct ntype types[] = {SP_NATIVE_TYPES(NT_ENTRY)};
 #define N_TYPES ((int)SP_ARRAY_LEN(types))
 
 /* Bytes per block from the spec: scale (2, 1, or 4 for d + m) + planes. */
 static int spec_bytes(const struct ntype *t) {
-    return (t->asym ? 4 : t->e8 ? 1 : 2) + t->block * t->bits / 8;
+    return (t->asym ? 4 : t->e8 || t->l8 ? 1 : 2) + t->block * t->bits / 8;
+}
+
+/* The L8 shift of t's kind (docs/FORMAT.md): 8 - bits for INT3/4/6. */
+static int spec_l8_shift(const struct ntype *t) {
+    return t->nl || t->bits == 8 || t->asym ? 0 : 8 - t->bits;
+}
+
+/* docs/FORMAT.md's words for an L8 byte: bit 7 the sign, m the low 7 bits,
+ * d = +-2^(m / 8 - 18 + shift), 0 for m = 0 (computed in double, rounded
+ * once to float). */
+static float spec_l8(uint8_t c, int sh) {
+    const int m = c & 127;
+    const double v = m ? exp2((double)m / 8.0 - 18.0 + sh) : 0.0;
+    return (float)((c & 128) ? -v : v);
+}
+
+/* The block scale d of block p by the spec. */
+static double spec_d(const struct ntype *t, const uint8_t *p) {
+    if (t->e8) return sp_e8m0_to_fp32(p[0]);
+    if (t->l8) return spec_l8(p[0], spec_l8_shift(t));
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return sp_fp16_to_fp32(h);
 }
 
 /* ---- names, ids, sizes ------------------------------------------------------------ */
 
 static void test_names(void) {
-    CHECK(N_TYPES == 36);
+    CHECK(N_TYPES == 51);
     for (int k = 0; k < N_TYPES; k++) {
         const struct ntype *t = &types[k];
         CHECKF(sp_qtype_from_name(t->name) == (int32_t)t->id, "%s", t->name);
@@ -91,7 +114,8 @@ static void test_names(void) {
                    t->name, (long long)n);
         }
         const struct sp_native_layout *L = sp_native_layout(t->id);
-        CHECKF(L && L->bits == t->bits && L->block == t->block && L->asym == t->asym && L->e8 == t->e8 && L->nl == t->nl,
+        CHECKF(L && L->bits == t->bits && L->block == t->block && L->asym == t->asym && L->e8 == t->e8 && L->nl == t->nl &&
+                   L->l8 == t->l8,
                "%s layout", t->name);
     }
     /* the ids of docs/FORMAT.md, spelled out */
@@ -100,6 +124,8 @@ static void test_names(void) {
     CHECK(sp_qtype_from_name("i6_b64") == 1042 && sp_qtype_from_name("i8_b128") == 1052);
     CHECK(sp_qtype_from_name("i3a_b64") == 1058 && sp_qtype_from_name("i4a_b128") == 1068);
     CHECK(sp_qtype_from_name("i4n_b32") == 1072 && sp_qtype_from_name("i4n_b128_e8") == 1077);
+    CHECK(sp_qtype_from_name("i3_b32_l8") == 1088 && sp_qtype_from_name("i4_b64_l8") == 1093);
+    CHECK(sp_qtype_from_name("i8_b128_l8") == 1102 && sp_qtype_from_name("i4n_b32_l8") == 1112);
     CHECK(sp_qtype_from_name("x8_b128") == 1151 && sp_qtype_is_native(1151));
     CHECK(sp_qtype_row_bytes(sp_qtype_from_name("i4_b32"), 172) == 6 * 18);
     CHECK(sp_qtype_row_bytes(sp_qtype_from_name("i3_b64"), 172) == 3 * 26);
@@ -109,11 +135,13 @@ static void test_names(void) {
     CHECK(sp_qtype_from_name("q4_0") == SP_QTYPE_Q4_0 && sp_qtype_from_name("Q6_K") == SP_QTYPE_Q6_K);
     CHECK(sp_qtype_row_bytes(SP_QTYPE_Q4_0, 172) == 0 && sp_qtype_row_bytes(SP_QTYPE_Q4_0, 160) == 5 * 18);
     static const char *const bad[] = {"", "i4", "i5_b32", "i4_b16", "i4_b256", "i4_b32_e9", "i3a_b32_e8", "i4a_b64_e8",
-                                      "i4_b32 ", " i4_b32", "i4_b32_e8x", "q4_0x", "Q4_2", "x8", "i8a_b32", "F64"};
+                                      "i4_b32 ", " i4_b32", "i4_b32_e8x", "q4_0x", "Q4_2", "x8", "i8a_b32", "F64",
+                                      "i3a_b32_l8", "i4_b32_l9", "i4_b32_e8_l8", "i4a_b64_l8"};
     for (size_t i = 0; i < SP_ARRAY_LEN(bad); i++) CHECKF(sp_qtype_from_name(bad[i]) == -1, "'%s'", bad[i]);
     CHECK(sp_qtype_from_name(NULL) == -1);
     /* holes in the id range are not types */
-    static const uint32_t holes[] = {1030, 1031, 1057, 1059, 1061, 1069, 1078, 1079, 1080, 1150, 1152, 1023, 31, 4};
+    static const uint32_t holes[] = {1030, 1031, 1057, 1059, 1061, 1069, 1078, 1079, 1080, 1087, 1091,
+                                     1104, 1111, 1115, 1150, 1152, 1023, 31, 4};
     for (size_t i = 0; i < SP_ARRAY_LEN(holes); i++) {
         CHECKF(!sp_qtype_is_native(holes[i]) && !sp_qtraits_get(holes[i]) && !sp_native_layout(holes[i]) &&
                    sp_qtype_row_bytes(holes[i], 64) == 0,
@@ -134,7 +162,7 @@ static void plane_put(uint8_t *p, int w, int B, int i, unsigned v) {
 }
 
 static void pack_spec(const struct ntype *t, const unsigned *u, uint8_t *blk) {
-    const int B = t->block, head = t->asym ? 4 : t->e8 ? 1 : 2;
+    const int B = t->block, head = t->asym ? 4 : t->e8 || t->l8 ? 1 : 2;
     memset(blk + head, 0, (size_t)(B * t->bits / 8));
     uint8_t *p = blk + head;
     for (int i = 0; i < B; i++) {
@@ -165,6 +193,10 @@ static void test_layouts(void) {
         float d = 0.5f, m = 0;
         if (t->e8) {
             blk[0] = 126; /* 2^-1 */
+        } else if (t->l8) {
+            /* sign set, m = 100: d = -2^(100 / 8 - 18 + sh) = -sqrt(2) 2^(12 - 18 + sh) */
+            blk[0] = 0x80 | 100;
+            d = -ldexpf(sqrtf(2.0f), 12 - 18 + spec_l8_shift(t));
         } else {
             const uint16_t h = sp_fp32_to_fp16(d);
             memcpy(blk, &h, 2);
@@ -210,12 +242,13 @@ static double rt_bound(const struct ntype *t) {
     static const double sym[4][3] = {{0.205, 0.22, 0.235}, {0.096, 0.104, 0.112}, {0.0235, 0.0255, 0.0275}, {0.0059, 0.0064, 0.0069}};
     static const double e8[4][3] = {{0.24, 0.25, 0.255}, {0.133, 0.144, 0.152}, {0.037, 0.040, 0.042}, {0.0095, 0.0103, 0.0106}};
     static const double asym[2][3] = {{0.175, 0.195, 0.21}, {0.083, 0.091, 0.098}};
-    static const double nl[2][3] = {{0.084, 0.093, 0.100}, {0.119, 0.126, 0.130}}; /* FP16, E8M0 */
+    static const double l8[4][3] = {{0.19, 0.205, 0.215}, {0.096, 0.106, 0.113}, {0.025, 0.028, 0.030}, {0.0065, 0.0071, 0.0077}};
+    static const double nl[3][3] = {{0.084, 0.093, 0.100}, {0.119, 0.126, 0.130}, {0.087, 0.095, 0.101}}; /* FP16, E8M0, L8 */
     const int bi = t->bits == 3 ? 0 : t->bits == 4 ? 1 : t->bits == 6 ? 2 : 3;
     const int li = t->block == 32 ? 0 : t->block == 64 ? 1 : 2;
-    if (t->nl) return nl[t->e8][li];
+    if (t->nl) return nl[t->l8 ? 2 : t->e8][li];
     if (t->asym) return asym[bi][li];
-    return t->e8 ? e8[bi][li] : sym[bi][li];
+    return t->e8 ? e8[bi][li] : t->l8 ? l8[bi][li] : sym[bi][li];
 }
 
 /* sum (x - q)^2 and sum x^2 of n_rows rows quantized to t (imp may be NULL). */
@@ -254,13 +287,17 @@ static void test_roundtrip(void) {
         CHECKF(rel <= rt_bound(t), "%s: rel RMS %.4f > %.4f", t->name, rel, rt_bound(t));
         const int bi = t->bits == 3 ? 0 : t->bits == 4 ? 1 : t->bits == 6 ? 2 : 3, li = t->block / 64;
         double *fp16 = t->nl ? &nl_err[li] : &fp16_err[bi][li]; /* this kind's FP16 error */
-        if (!t->asym && !t->e8) *fp16 = rel;
+        if (!t->asym && !t->e8 && !t->l8) *fp16 = rel;
         /* E8M0 costs accuracy (the step is rounded up to a power of two): at
          * most 1.75x FP16's error at the same kind and block */
         if (t->e8) CHECKF(rel > *fp16 && rel < 1.75 * *fp16, "%s vs fp16 %.4f", t->name, *fp16);
         /* the non-uniform levels: at most 0.92x INT4's RMS error (0.85x its
          * squared error) on the same block, Gaussian weights */
-        if (t->nl && !t->e8) CHECKF(rel < 0.92 * fp16_err[1][li], "%s vs i4 %.4f", t->name, fp16_err[1][li]);
+        /* L8 rounds the scale to 2^(1/8) steps: at most 1.2x FP16's error
+         * (measured 1.01x for INT3 .. 1.14x for INT8, whose own error is
+         * smallest) */
+        if (t->l8) CHECKF(rel < 1.2 * *fp16, "%s vs fp16 %.4f", t->name, *fp16);
+        if (t->nl && !t->e8 && !t->l8) CHECKF(rel < 0.92 * fp16_err[1][li], "%s vs i4 %.4f", t->name, fp16_err[1][li]);
         /* asymmetric INT3 beats symmetric INT3 on the same block */
         if (t->asym && t->bits == 3) CHECKF(rel < fp16_err[0][li], "%s vs i3 %.4f", t->name, fp16_err[0][li]);
         /* deterministic: the same bytes twice */
@@ -369,6 +406,59 @@ static void test_e8m0(void) {
     free(y);
 }
 
+/* L8: the library's decoding is the spec's (every byte, every shift), the
+ * encoder picks the nearest value, and quantized blocks hold multiples of
+ * their decoded scale (levels for the non-uniform kind). */
+static void test_l8(void) {
+    bool ok = true;
+    for (int sh = 0; sh <= 5; sh++) {
+        for (int c = 0; c < 256; c++) ok &= sp_l8_to_fp32((uint8_t)c, sh) == spec_l8((uint8_t)c, sh);
+    }
+    CHECK(ok);
+    CHECK(sp_l8_to_fp32(0, 0) == 0.0f && sp_l8_to_fp32(128, 3) == 0.0f && sp_l8_to_fp32(0x80 | 16, 0) == -0x1p-16f);
+    CHECK(sp_fp32_to_l8(0.0f, 0) == 0 && sp_fp32_to_l8(NAN, 0) == 0 && sp_fp32_to_l8(1e30f, 0) == 127 &&
+          sp_fp32_to_l8(-1e-30f, 0) == (0x80 | 1) && sp_fp32_to_l8(INFINITY, 2) == 127);
+    rng_seed(9);
+    for (int k = 0; k < 2000; k++) {
+        const int sh = k % 6;
+        const float d = (float)(exp2(-18.5 + 17.0 * rng_unit() + sh) * (rng_unit() < 0.5 ? -1 : 1));
+        const uint8_t c = sp_fp32_to_l8(d, sh);
+        for (int m = 1; m < 128; m++) {
+            const float v = spec_l8((uint8_t)((c & 128) | m), sh);
+            ok &= fabsf(v - d) >= fabsf(spec_l8(c, sh) - d);
+        }
+        ok &= (c & 128) == (d < 0 ? 128 : 0);
+    }
+    CHECKF(ok, "sp_fp32_to_l8 is not the nearest L8 value");
+    const int64_t n = 4096;
+    float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
+    rng_seed(6);
+    for (int64_t i = 0; i < n; i++) x[i] = rng_normal() * (float)exp(rng_normal());
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        if (!t->l8) continue;
+        const size_t rb = sp_qtype_row_bytes(t->id, n);
+        uint8_t *q = malloc(rb);
+        sp_quantize_rows(t->id, x, 1, n, NULL, q);
+        sp_qtraits_ref(t->id)->to_float(q, y, n);
+        const int qmax = t->nl ? 127 : (1 << (t->bits - 1)) - 1;
+        ok = true;
+        for (int64_t b = 0; b < n / t->block; b++) {
+            const float d = spec_l8(q[(size_t)b * (size_t)spec_bytes(t)], spec_l8_shift(t));
+            ok &= d != 0;
+            for (int i = 0; i < t->block; i++) {
+                /* d q is rounded to float: q back within a few ulp */
+                const float r = y[b * t->block + i] / d, g = t->nl ? nl_nearest(r) : rintf(r);
+                ok &= fabsf(r - g) <= 1e-6f * fabsf(g) && g >= (float)(-qmax - 1) && g <= (float)qmax;
+            }
+        }
+        CHECKF(ok, "%s: values off the L8 scale's grid", t->name);
+        free(q);
+    }
+    free(x);
+    free(y);
+}
+
 /* Importance: with imp, the imp-weighted error must drop against the
  * unweighted fit, for every type (rows of 256, a log-normal importance
  * vector spanning ~3 decades). */
@@ -454,6 +544,8 @@ static void random_row(const struct ntype *t, uint8_t *w, int64_t n) {
         for (int i = 0; i < spb; i++) p[i] = (uint8_t)rng_u64();
         if (t->e8) {
             p[0] = (uint8_t)(120 + rng_u64() % 8);
+        } else if (t->l8) {
+            p[0] = (uint8_t)((rng_u64() & 128) | (72 + rng_u64() % 16)); /* +-2^(-9..-7 + shift) */
         } else {
             const uint16_t h = sp_fp32_to_fp16((float)((rng_unit() - 0.5) * 0.02));
             memcpy(p, &h, 2);
@@ -476,9 +568,9 @@ static double dot_float(const struct ntype *t, const uint8_t *w, const void *x, 
     double s = 0, m = 0;
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *p = w + (i / t->block) * spec_bytes(t);
-        uint16_t h;
-        memcpy(&h, t->asym ? p + 2 : p, 2);
-        const double d = t->e8 ? sp_e8m0_to_fp32(p[0]) : sp_fp16_to_fp32(h);
+        uint16_t mh;
+        memcpy(&mh, p + 2, 2);
+        const double d = t->asym ? sp_fp16_to_fp32(mh) : spec_d(t, p); /* asymmetric: the min */
         const double c = t->asym ? fabs(d) : t->bits == 8 ? 0 : fabs(d) * (1 << (t->bits - 1));
         s += (double)fa[i] * fb[i];
         m += fabs((double)fa[i] * fb[i]) + c * fabs((double)fb[i]);
@@ -835,12 +927,12 @@ static void test_pack(void) {
         const int nv = t->block - 5; /* a padded block */
         int32_t code[128];
         for (int i = 0; i < nv; i++) code[i] = lo + (i * 7) % (hi - lo + 3) - 1; /* a few outside [lo, hi] */
-        const float d = t->e8 ? 0.0078125f : 0.0123f, m = t->asym ? -0.09f : 0.0f;
+        const float d = t->e8 ? 0.0078125f : t->l8 ? spec_l8(100, spec_l8_shift(t)) : 0.0123f, m = t->asym ? -0.09f : 0.0f;
         uint8_t blk[256];
         float out[128];
         CHECK(sp_native_pack_block(t->id, code, nv, d, m, blk) == SP_OK);
         sp_qtraits_ref(t->id)->to_float(blk, out, t->block);
-        const float ds = t->e8 ? d : sp_fp16_to_fp32(sp_fp32_to_fp16(d)), ms = sp_fp16_to_fp32(sp_fp32_to_fp16(m));
+        const float ds = t->e8 || t->l8 ? d : sp_fp16_to_fp32(sp_fp32_to_fp16(d)), ms = sp_fp16_to_fp32(sp_fp32_to_fp16(m));
         bool ok = true;
         for (int i = 0; i < nv; i++) {
             const int q = code[i] < lo ? lo : code[i] > hi ? hi : code[i];
@@ -861,6 +953,7 @@ int main(void) {
     test_roundtrip();
     test_padded();
     test_e8m0();
+    test_l8();
     test_importance();
     test_x8();
     test_ref_dot();

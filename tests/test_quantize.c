@@ -42,7 +42,7 @@
  * holds what is reached, with a margin for calibration noise, and the gap
  * stays reported.  The q8 target (1.25x the Q8_0 file's) holds with
  * calibration (measured 0.9x); without, q8 measures 1.3x. */
-#define KL_VS_Q4_0 0.65    /* best policy <= 4.5 bpw, calibrated: KL <= this x the Q4_0 file's */
+#define KL_VS_Q4_0 0.5     /* best policy <= 4.5 bpw, calibrated: KL <= this x the Q4_0 file's (issue 5) */
 #define KL_VS_Q8_0 1.25    /* q8, calibrated: KL <= this x the Q8_0 file's */
 #define KL_EXACT 1e-4      /* F16 storage after channel scaling: the function is kept */
 /* q8 is near-lossless: its greedy continuation matches F32's this far. */
@@ -372,13 +372,13 @@ struct variant {
     bool calib_always;     /* calibrated run in every test, else only with SPARROW_TEST_FULL=1 */
 };
 
-/* bpw on stories260K is above the nominal (Llama-7B) figures: its F32 norms
+/* bpw on stories260K is above the nominal (Llama-7B) figures: its norms
  * and its FFN width 172, padded to 192, weigh more in 260K parameters.
  * Calibrated runs take about a second each; the full table is
  * SPARROW_TEST_FULL=1. */
 static const struct variant variants[] = {
     {"mem4", 3.8, 4.5, true}, {"mem4x", 3.7, 4.4, false}, {"mem3", 3.1, 3.6, false},
-    {"q4", 4.2, 4.5, true},   {"q8", 8.0, 9.0, true},
+    {"q4", 4.2, 4.5, true},   {"q8", 8.0, 9.0, true},     {"mem4l", 3.7, 4.4, false},
 };
 
 static char f32[4096], bin[4096], tok[4096], calib[4096];
@@ -444,6 +444,11 @@ static void test_policies(void) {
     printf("E8M0 vs FP16 scales (mem4x vs mem4): %.1f%% fewer tensor bytes, KL x%.2f (x%.2f calibrated)\n",
            100.0 * (1.0 - (double)bytes_of[1] / (double)bytes_of[0]), kl_of[0][1] / kl_of[0][0],
            kl_of[1][1] / kl_of[1][0]); /* NaN calibrated unless SPARROW_TEST_FULL=1 */
+    /* L8 scales: as small as E8M0's, much closer to FP16's accuracy */
+    CHECK(bytes_of[5] == bytes_of[1] && kl_of[0][5] < kl_of[0][1]);
+    printf("L8 vs FP16 scales (mem4l vs mem4): %.1f%% fewer tensor bytes, KL x%.2f (E8M0: x%.2f)\n",
+           100.0 * (1.0 - (double)bytes_of[5] / (double)bytes_of[0]), kl_of[0][5] / kl_of[0][0],
+           kl_of[0][1] / kl_of[0][0]);
 
     /* Channel scaling folds exactly: stored as F16, the model barely moves. */
     const char *pol = scratch("f16-policy.txt");
@@ -527,7 +532,7 @@ static void test_gptq_random(void) {
     }
     for (int i = 0; i < N; i++) imp[i] = (float)(h[i * N + i] / T);
     for (int i = 0; i < ROWS * N; i++) w[i] = (float)(0.02 * rng_gauss());
-    const char *types[] = {"i4_b64", "i3_b32", "i4a_b64", "i4_b32_e8", "i6_b64", "i4n_b64", "i4n_b32_e8"};
+    const char *types[] = {"i4_b64", "i3_b32", "i4a_b64", "i4_b32_e8", "i6_b64", "i4n_b64", "i4n_b32_e8", "i4n_b32_l8"};
     for (size_t k = 0; k < SP_ARRAY_LEN(types); k++) {
         const int32_t t = sp_qtype_from_name(types[k]);
         const struct sp_qtraits *tr = sp_qtraits_get((uint32_t)t);

@@ -52,7 +52,7 @@ sp --help
 has "--help" "$tmp/out" "quantize"
 expect "quantize --help" 0 --help
 has "quantize --help" "$tmp/out" "--policy NAME" "--policy-file F" "--calib TEXT_FILE" "--prune-ffn" \
-    "--prune-heads" "mem4" "mem4x" "mem3" "q4" "q8" "--calib-skip"
+    "--prune-heads" "mem4" "mem4x" "mem4l" "mem3" "q4" "q8" "--calib-skip"
 usage "no arguments"
 usage "no OUT" "$M/stories260K-f32.gguf"
 usage "third argument" "$M/stories260K-f32.gguf" "$out" extra
@@ -99,7 +99,7 @@ sp run -m "$out" -p "Once upon a time" -n 8 --temp 0
 if [ "$rc" -eq 0 ] && [ -s "$tmp/out" ]; then ok "pruned: runs"; else bad "pruned: does not run" "$(show_err)"; fi
 sp inspect "$out"
 has "pruned metadata" "$tmp/out" "llama.attention.head_count              6" "llama.feed_forward_length               129" \
-    "sparrow.prune.heads"
+    "sparrow.prune.heads" "native-types-2"
 
 # ---- other inputs: a synthetic F16 / Q8_0 file; quantized files are refused --------------------
 for t in f16 q8_0 q4_0; do

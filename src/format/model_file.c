@@ -516,6 +516,14 @@ static sp_status interpret_gguf(struct sp_model_file *mf, bool vocab_only) {
     const char *name;
     if ((rc = get_str(mf, "general.name", &name))) return rc;
     if (name && !(mf->name = sp_strdup(name))) return sp_err(SP_E_NOMEM, "%s: out of memory", FN);
+    /* sparrow.requires names what a reader must know (docs/FORMAT.md) */
+    const char *req;
+    if ((rc = get_str(mf, "sparrow.requires", &req))) return rc;
+    if (req && strcmp(req, "native-types-1") != 0 && strcmp(req, "native-types-2") != 0) {
+        return sp_err(SP_E_UNSUPPORTED, "%s: '%s' requires '%.64s' (key sparrow.requires), which this version of "
+                      "Sparrow does not know (it reads native-types-1 and native-types-2): a newer Sparrow wrote it",
+                      FN, mf->path, req);
+    }
     if ((rc = read_hparams(mf, vocab_only)) || (rc = read_vocab(mf, vocab_only))) return rc;
     if (!vocab_only && mf->n_tensors == 0) {
         return sp_err(SP_E_FORMAT, "%s: '%s' has no tensors (a vocabulary-only file? open it with vocab_only)", FN, mf->path);

@@ -40,8 +40,8 @@ static sp_status bind3(const struct sp_model_file *mf, const char *prefix, const
             return sp_err(SP_E_UNSUPPORTED, "tensor '%s': type %s has no dot-product kernel", full,
                           sp_qtype_name(t->type) ? sp_qtype_name(t->type) : "?");
         }
-    } else if (t->type != SP_QTYPE_F32) {
-        return sp_err(SP_E_UNSUPPORTED, "tensor '%s': type %s, expected F32 for a norm/bias vector", full,
+    } else if (t->type != SP_QTYPE_F32 && t->type != SP_QTYPE_F16) {
+        return sp_err(SP_E_UNSUPPORTED, "tensor '%s': type %s, expected F32 or F16 for a norm/bias vector", full,
                       sp_qtype_name(t->type) ? sp_qtype_name(t->type) : "?");
     }
     return SP_OK;
@@ -173,6 +173,10 @@ sp_status sp_model_bind(struct sp_model *m) {
     if ((rc = bind_one(mf, "", "output.weight", false, E, V, true, &m->output))) return rc;
     if (!m->output) m->output = m->tok_embd; /* tied embeddings */
     if ((rc = bind_one(mf, "", "rope_freqs.weight", false, hp->rope_dims / 2, 1, false, &m->rope_freqs))) return rc;
+    if (m->rope_freqs && m->rope_freqs->type != SP_QTYPE_F32) { /* RoPE reads it as floats */
+        return sp_err(SP_E_UNSUPPORTED, "tensor 'rope_freqs.weight': type %s, expected F32",
+                      sp_qtype_name(m->rope_freqs->type) ? sp_qtype_name(m->rope_freqs->type) : "?");
+    }
 
     m->layers = sp_calloc(hp->n_layers, sizeof(*m->layers));
     if (!m->layers) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);

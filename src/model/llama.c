@@ -179,7 +179,7 @@ static sp_status norm(struct sp_model *m, const struct sp_tensor_desc *t, const 
     const void *w;
     sp_status rc = sp_pager_pin(m->pager, t, &w);
     if (rc) return rc;
-    for (uint32_t i = 0; i < n_rows; i++) sp_rmsnorm(out + i * n, x + i * n, w, n, m->mf->hp.rms_eps);
+    for (uint32_t i = 0; i < n_rows; i++) sp_rmsnorm(out + i * n, x + i * n, w, t->type, n, m->mf->hp.rms_eps);
     sp_pager_unpin(m->pager, t, w);
     return SP_OK;
 }
@@ -190,10 +190,9 @@ static sp_status add_bias(struct sp_model *m, const struct sp_tensor_desc *t, fl
     const void *w;
     sp_status rc = sp_pager_pin(m->pager, t, &w);
     if (rc) return rc;
-    const float *b = w;
     const int64_t n = t->ne[0];
     for (uint32_t r = 0; r < n_rows; r++) {
-        for (int64_t i = 0; i < n; i++) x[r * n + i] += b[i];
+        for (int64_t i = 0; i < n; i++) x[r * n + i] += sp_vec_get(w, t->type, i);
     }
     sp_pager_unpin(m->pager, t, w);
     return SP_OK;
@@ -206,7 +205,7 @@ static sp_status head_norm(struct sp_model *m, const struct sp_tensor_desc *t, f
     const void *w;
     sp_status rc = sp_pager_pin(m->pager, t, &w);
     if (rc) return rc;
-    for (uint32_t h = 0; h < n_heads; h++) sp_rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, m->mf->hp.rms_eps);
+    for (uint32_t h = 0; h < n_heads; h++) sp_rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, t->type, hd, m->mf->hp.rms_eps);
     sp_pager_unpin(m->pager, t, w);
     return SP_OK;
 }

@@ -282,7 +282,7 @@ static void experts_chosen(struct sp_model *m, struct sp_fwd *f, uint32_t il, ui
     const uint32_t E = hp->n_embd, K = hp->n_experts_used;
     const void *nw;
     if (sp_pager_pin(m->pager, N->ffn_norm, &nw) != SP_OK) return;
-    sp_rmsnorm(f->xb2, f->x, nw, E, hp->rms_eps);
+    sp_rmsnorm(f->xb2, f->x, nw, N->ffn_norm->type, E, hp->rms_eps);
     sp_pager_unpin(m->pager, N->ffn_norm, nw);
     if (sp_fwd_matmul(m, f, N->ffn_gate_inp, f->xb2, E, 1, f->probs, hp->n_experts) != SP_OK) return;
     int32_t guess[64];

@@ -11,11 +11,16 @@
 #include <stdatomic.h>
 
 
-void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+void sp_rmsnorm(float *out, const float *x, const void *w, uint32_t w_type, int64_t n, float eps) {
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
     const float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
-    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+    if (w_type == SP_QTYPE_F16) {
+        for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * sp_vec_get(w, w_type, i);
+        return;
+    }
+    const float *wf = w;
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * wf[i];
 }
 
 void sp_rope(float *x, int n_heads, int head_dim, int rope_dims, uint32_t pos, float theta_base, float freq_scale,

@@ -13,8 +13,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]   (sum of squares in double, as ggml) */
-void sp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]   (sum of squares in double,
+ * as ggml); w is F32 or F16 (w_type: SP_QTYPE_F32 or SP_QTYPE_F16). */
+void sp_rmsnorm(float *out, const float *x, const void *w, uint32_t w_type, int64_t n, float eps);
+
+/* w[i] of a weight vector stored as F32 or F16 (w_type). */
+static inline float sp_vec_get(const void *w, uint32_t w_type, int64_t i) {
+    return w_type == SP_QTYPE_F16 ? sp_fp16_to_fp32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
 
 /* Rotate the first rope_dims of each of n_heads heads (head_dim apart) for
  * position pos.  neox: pairs (i, i + rope_dims/2); else adjacent pairs

@@ -36,12 +36,13 @@ static_assert(SP_QTYPE_X8 < SP_QTYPE_NATIVE_FIRST + SP_QTYPE_NATIVE_COUNT, "x8 i
 #define KIND_ASYM(k) SP_NATIVE_KIND_ASYM(k)
 #define KIND_NL(k) SP_NATIVE_KIND_NL(k)
 #define BLK_ELEMS(b) (32 << (b))
-#define HEAD_BYTES(k, e8) (KIND_ASYM(k) ? 4 : (e8) ? 1 : 2)
+#define HEAD_BYTES(k, sc) (KIND_ASYM(k) ? 4 : SP_NATIVE_SCALE_BYTES(sc))
 
-#define LAYOUT_ENTRY(name, K, BL, E)                                                                                   \
-    [SP_NATIVE_ID(K, BL, E) - SP_QTYPE_NATIVE_FIRST] = {                                                               \
-        .kind = K, .bits = KIND_BITS(K), .asym = KIND_ASYM(K), .nl = KIND_NL(K), .e8 = (E), .block = BLK_ELEMS(BL),                     \
-        .head = HEAD_BYTES(K, E), .bytes = HEAD_BYTES(K, E) + BLK_ELEMS(BL) * KIND_BITS(K) / 8},
+#define LAYOUT_ENTRY(name, K, BL, SC)                                                                                  \
+    [SP_NATIVE_ID(K, BL, SC) - SP_QTYPE_NATIVE_FIRST] = {                                                              \
+        .kind = K, .bits = KIND_BITS(K), .asym = KIND_ASYM(K), .nl = KIND_NL(K), .e8 = (SC) == SP_NS_E8,               \
+        .l8 = (SC) == SP_NS_L8, .l8_shift = SP_NATIVE_L8_SHIFT(K), .block = BLK_ELEMS(BL), .head = HEAD_BYTES(K, SC),   \
+        .bytes = HEAD_BYTES(K, SC) + BLK_ELEMS(BL) * KIND_BITS(K) / 8},
 static const struct sp_native_layout layouts[SP_QTYPE_NATIVE_COUNT] = {SP_NATIVE_TYPES(LAYOUT_ENTRY)};
 
 /* Lloyd's algorithm on 640k Gaussian weights in blocks of 32, alternating
@@ -116,7 +117,40 @@ static inline uint16_t rd16(const uint8_t *p) {
 
 /* Block scale d (and min m for the asymmetric kinds, else 0). */
 static inline float block_d(const struct sp_native_layout *L, const uint8_t *blk) {
-    return L->e8 ? sp_e8m0_to_fp32(blk[0]) : sp_fp16_to_fp32(rd16(blk));
+    return L->e8 ? sp_e8m0_to_fp32(blk[0]) : L->l8 ? sp_l8_to_fp32(blk[0], L->l8_shift) : sp_fp16_to_fp32(rd16(blk));
+}
+
+float sp_native_scale_get(const struct sp_native_layout *L, const void *blk) {
+    return block_d(L, blk);
+}
+
+uint8_t sp_fp32_to_l8(float d, int sh) {
+    const float a = fabsf(d);
+    if (!(a > 0)) return 0; /* 0 or NaN */
+    const uint8_t sign = d < 0 ? 128 : 0;
+    /* log2 picks the neighbourhood; the linear distance to the two
+     * neighbours decides, so libm's last bit cannot change the byte */
+    long m0 = isfinite(a) ? lrintf(8.0f * (log2f(a) - (float)sh)) + 144 : 127;
+    m0 = m0 < 1 ? 1 : m0 > 127 ? 127 : m0;
+    uint8_t best = (uint8_t)m0;
+    for (long m = m0 - 1; m <= m0 + 1; m += 2) {
+        if (m < 1 || m > 127) continue;
+        if (fabsf(sp_l8_to_fp32((uint8_t)m, sh) - a) < fabsf(sp_l8_to_fp32(best, sh) - a)) best = (uint8_t)m;
+    }
+    return (uint8_t)(sign | best);
+}
+
+float sp_native_scale_round(const struct sp_native_layout *L, float d) {
+    if (L->l8) return sp_l8_to_fp32(sp_fp32_to_l8(d, L->l8_shift), L->l8_shift);
+    if (!L->e8) return sp_fp16_to_fp32(sp_fp32_to_fp16(d));
+    if (!(d > 0) || !isfinite(d)) return 0.0f;
+    int e;
+    const float fr = frexpf(d, &e); /* d = fr 2^e, fr in [0.5, 1) */
+    if (fr > 0.70710678f) e++;      /* nearest power of two in the log domain */
+    e -= 1;                         /* 2^e as the E8M0 byte e + 127 */
+    if (e < -126) e = -126;
+    if (e > 127) e = 127;
+    return ldexpf(1.0f, e);
 }
 
 static inline float block_m(const struct sp_native_layout *L, const uint8_t *blk) {
@@ -263,15 +297,14 @@ static float sym_fit(const float *x, const float *w, int nv, float id, int lo, i
     return sqq > 0 ? sxq / sqq : 0;
 }
 
-/* Symmetric FP16 scale: for each of 13 candidates 1/d mapping the element
- * of largest magnitude to -(2^(bits-1) + delta), delta in [-2, 2] by 1/3
- * (negative d when that element is positive), round the codes and refit d
- * by weighted least squares; keep the best fit, refine it twice, and pick
- * among its fp16 value and the two fp16 neighbours.  (A finer or wider grid
- * changed the errors of test_native by < 0.5%.)  The non-uniform kind (nl)
- * tries both ends of its levels, -127 and +105, each scaled by 0.75 ... 1.25
- * in steps of 1/24. */
-static float search_fp16(const float *x, const float *w, int nv, int lo, int hi, bool nl) {
+/* Symmetric scale, before its rounding to the header: for each of 13
+ * candidates 1/d mapping the element of largest magnitude to -(2^(bits-1) +
+ * delta), delta in [-2, 2] by 1/3 (negative d when that element is
+ * positive), round the codes and refit d by weighted least squares; keep the
+ * best fit and refine it twice.  (A finer or wider grid changed the errors
+ * of test_native by < 0.5%.)  The non-uniform kind (nl) tries both ends of
+ * its levels, -127 and +105, each scaled by 0.75 ... 1.25 in steps of 1/24. */
+static float search_sym(const float *x, const float *w, int nv, int lo, int hi, bool nl) {
     float amax = 0, xm = 0;
     for (int i = 0; i < nv; i++) {
         if (fabsf(x[i]) > amax) {
@@ -301,9 +334,15 @@ static float search_fp16(const float *x, const float *w, int nv, int lo, int hi,
         if (!(gain > 0)) break;
         best_d = d;
     }
-    /* the fp16 rounding of d moves the optimum a little: compare neighbours */
-    const uint16_t h = sp_fp32_to_fp16(best_d);
-    float d = sp_fp16_to_fp32(h);
+    return best_d;
+}
+
+/* Symmetric FP16 scale: search_sym's d and its two fp16 neighbours, the
+ * best error wins (the rounding moves the optimum a little). */
+static uint16_t search_fp16(const float *x, const float *w, int nv, int lo, int hi, bool nl) {
+    const uint16_t h = sp_fp32_to_fp16(search_sym(x, w, nv, lo, hi, nl));
+    uint16_t best = h;
+    const float d = sp_fp16_to_fp32(h);
     float e = d != 0 ? sym_err(x, w, nv, d, lo, hi, nl) : INFINITY;
     for (int s = -1; s <= 1; s += 2) {
         const float dn = sp_fp16_to_fp32((uint16_t)(h + s));
@@ -311,10 +350,30 @@ static float search_fp16(const float *x, const float *w, int nv, int lo, int hi,
         const float en = sym_err(x, w, nv, dn, lo, hi, nl);
         if (en < e) {
             e = en;
-            d = dn;
+            best = (uint16_t)(h + s);
         }
     }
-    return d;
+    return best;
+}
+
+/* L8 scale: the same with L8's neighbours, 2^(1/8) apart (the rounding
+ * costs more here, so comparing them matters more). */
+static uint8_t search_l8(const float *x, const float *w, int nv, int lo, int hi, bool nl, int sh) {
+    const uint8_t c = sp_fp32_to_l8(search_sym(x, w, nv, lo, hi, nl), sh);
+    uint8_t best = c;
+    if (!(c & 127)) return c;
+    float e = sym_err(x, w, nv, sp_l8_to_fp32(c, sh), lo, hi, nl);
+    for (int s = -1; s <= 1; s += 2) {
+        const int m = (c & 127) + s;
+        if (m < 1 || m > 127) continue;
+        const uint8_t cn = (uint8_t)((c & 128) | m);
+        const float en = sym_err(x, w, nv, sp_l8_to_fp32(cn, sh), lo, hi, nl);
+        if (en < e) {
+            e = en;
+            best = cn;
+        }
+    }
+    return best;
 }
 
 /* E8M0 scale: the powers of two around amax / 2^(bits-1), best error wins.
@@ -424,12 +483,13 @@ static void quantize_block(const struct sp_native_layout *L, const float *x, con
     float d;
     if (L->e8) {
         blk[0] = search_e8(x, w, nv, lo, hi, L->nl);
-        d = sp_e8m0_to_fp32(blk[0]);
+    } else if (L->l8) {
+        blk[0] = search_l8(x, w, nv, lo, hi, L->nl, L->l8_shift);
     } else {
-        const uint16_t dh = sp_fp32_to_fp16(search_fp16(x, w, nv, lo, hi, L->nl));
+        const uint16_t dh = search_fp16(x, w, nv, lo, hi, L->nl);
         memcpy(blk, &dh, 2);
-        d = sp_fp16_to_fp32(dh);
     }
+    d = block_d(L, blk);
     const float id = d != 0 && isfinite(d) ? 1.0f / d : 0.0f;
     for (int i = 0; i < B; i++) {
         if (L->nl) {
@@ -474,6 +534,8 @@ sp_status sp_native_pack_block(uint32_t t, const int32_t *code, int nv, float d,
         uint32_t bits;
         memcpy(&bits, &d, 4);
         b[0] = (uint8_t)((bits >> 23) & 0xff); /* the exponent of a power of two */
+    } else if (L->l8) {
+        b[0] = sp_fp32_to_l8(d, L->l8_shift);
     } else {
         const uint16_t dh = sp_fp32_to_fp16(d);
         memcpy(b, &dh, 2);
@@ -507,21 +569,21 @@ sp_status sp_native_pack_block(uint32_t t, const int32_t *code, int nv, float d,
  * The reference traits table
  * ======================================================================== */
 
-#define REF_FNS(name, kind, blk, e8)                                                                                 \
+#define REF_FNS(name, kind, blk, sc)                                                                                 \
     static void to_float_##name(const void *restrict src, float *restrict dst, int64_t n) {                        \
-        native_to_float(&layouts[SP_NATIVE_ID(kind, blk, e8) - SP_QTYPE_NATIVE_FIRST], src, dst, n);                \
+        native_to_float(&layouts[SP_NATIVE_ID(kind, blk, sc) - SP_QTYPE_NATIVE_FIRST], src, dst, n);                \
     }                                                                                                              \
     static void from_float_##name(const float *restrict src, void *restrict dst, int64_t n) {                      \
-        quantize_row(&layouts[SP_NATIVE_ID(kind, blk, e8) - SP_QTYPE_NATIVE_FIRST], src, n, NULL, dst);             \
+        quantize_row(&layouts[SP_NATIVE_ID(kind, blk, sc) - SP_QTYPE_NATIVE_FIRST], src, n, NULL, dst);             \
     }                                                                                                              \
     static void vec_dot_##name(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) {    \
-        native_vec_dot(&layouts[SP_NATIVE_ID(kind, blk, e8) - SP_QTYPE_NATIVE_FIRST], n, s, w, x);                  \
+        native_vec_dot(&layouts[SP_NATIVE_ID(kind, blk, sc) - SP_QTYPE_NATIVE_FIRST], n, s, w, x);                  \
     }
 SP_NATIVE_TYPES(REF_FNS)
 
-#define REF_ENTRY(nm, kind, blk, e8)                                                                                 \
-    [SP_NATIVE_ID(kind, blk, e8) - SP_QTYPE_NATIVE_FIRST] = {                                                        \
-        .name = #nm, .block_elems = BLK_ELEMS(blk), .block_bytes = HEAD_BYTES(kind, e8) + BLK_ELEMS(blk) * KIND_BITS(kind) / 8, \
+#define REF_ENTRY(nm, kind, blk, sc)                                                                                 \
+    [SP_NATIVE_ID(kind, blk, sc) - SP_QTYPE_NATIVE_FIRST] = {                                                        \
+        .name = #nm, .block_elems = BLK_ELEMS(blk), .block_bytes = HEAD_BYTES(kind, sc) + BLK_ELEMS(blk) * KIND_BITS(kind) / 8, \
         .to_float = to_float_##nm, .from_float = from_float_##nm, .vec_dot = vec_dot_##nm,                         \
         .vec_dot_type = (enum sp_qtype)SP_QTYPE_X8},
 static const struct sp_qtraits ref_traits[SP_QTYPE_NATIVE_COUNT] = {

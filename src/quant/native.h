@@ -13,9 +13,10 @@
  * released (files carry them).  A file that holds any of them says so in its
  * metadata (sparrow.requires = "native-types-1").
  *
- * Names: "i<bits>[a|n]_b<block>[_e8]": i4_b32 (INT4, 32-blocks, FP16 scale),
- * i4_b32_e8 (E8M0 scale), i3a_b64 (asymmetric INT3, FP16 scale + FP16 min),
- * i4n_b64 (non-uniform 4-bit levels, FP16 scale).
+ * Names: "i<bits>[a|n]_b<block>[_e8|_l8]": i4_b32 (INT4, 32-blocks, FP16
+ * scale), i4_b32_e8 (E8M0 scale), i4n_b32_l8 (non-uniform levels, L8 scale:
+ * sign and log2 in eighths of an octave, one byte), i3a_b64 (asymmetric
+ * INT3, FP16 scale + FP16 min), i4n_b64 (non-uniform 4-bit levels, FP16).
  */
 #ifndef SP_QUANT_NATIVE_H
 #define SP_QUANT_NATIVE_H
@@ -33,9 +34,11 @@
 #define SP_QTYPE_NATIVE_COUNT 128u
 
 /* ---- ids ------------------------------------------------------------------
- * A weight type's id is FIRST + 8 * kind + 2 * blk + e8, with blk 0, 1, 2 for
- * blocks of 32, 64, 128 and e8 = 1 for an E8M0 scale (symmetric kinds only).
- * docs/FORMAT.md lists every id; they never change. */
+ * A weight type's id is FIRST + 8 * kind + 2 * blk + sc for the FP16 (sc 0)
+ * and E8M0 (sc 1) scales, FIRST + 64 + 4 * kind + blk for the L8 scale (sc
+ * 2), with blk 0, 1, 2 for blocks of 32, 64, 128; the 8-bit scales are for
+ * the symmetric kinds only.  docs/FORMAT.md lists every id; they never
+ * change. */
 enum sp_native_kind {
     SP_NK_I3 = 0,  /* signed INT3, q in -4..3 */
     SP_NK_I4 = 1,  /* signed INT4, q in -8..7 */
@@ -56,9 +59,15 @@ enum sp_native_kind {
 /* Non-uniform kinds: the code indexes a fixed table of int8 levels. */
 #define SP_NATIVE_KIND_NL(k) ((k) == SP_NK_I4N)
 
-#define SP_NATIVE_ID(kind, blk, e8) (SP_QTYPE_NATIVE_FIRST + 8u * (uint32_t)(kind) + 2u * (uint32_t)(blk) + (uint32_t)(e8))
+/* Scale kinds (the sc of the ids and of SP_NATIVE_TYPES). */
+enum sp_native_scale { SP_NS_F16 = 0, SP_NS_E8 = 1, SP_NS_L8 = 2 };
+#define SP_NATIVE_SCALE_BYTES(sc) ((sc) == SP_NS_F16 ? 2 : 1)
 
-/* Every native weight type, as X(name, kind, blk, e8): kernel files
+#define SP_NATIVE_ID(kind, blk, sc)                                                                                   \
+    ((sc) == SP_NS_L8 ? SP_QTYPE_NATIVE_FIRST + 64u + 4u * (uint32_t)(kind) + (uint32_t)(blk)                        \
+                      : SP_QTYPE_NATIVE_FIRST + 8u * (uint32_t)(kind) + 2u * (uint32_t)(blk) + (uint32_t)(sc))
+
+/* Every native weight type, as X(name, kind, blk, sc): kernel files
  * instantiate their per-type entry points from this list. */
 #define SP_NATIVE_TYPES(X)                                                                                           \
     X(i3_b32, SP_NK_I3, 0, 0) X(i3_b32_e8, SP_NK_I3, 0, 1) X(i3_b64, SP_NK_I3, 1, 0) X(i3_b64_e8, SP_NK_I3, 1, 1)     \
@@ -72,7 +81,12 @@ enum sp_native_kind {
     X(i3a_b32, SP_NK_I3A, 0, 0) X(i3a_b64, SP_NK_I3A, 1, 0) X(i3a_b128, SP_NK_I3A, 2, 0)                              \
     X(i4a_b32, SP_NK_I4A, 0, 0) X(i4a_b64, SP_NK_I4A, 1, 0) X(i4a_b128, SP_NK_I4A, 2, 0)                              \
     X(i4n_b32, SP_NK_I4N, 0, 0) X(i4n_b32_e8, SP_NK_I4N, 0, 1) X(i4n_b64, SP_NK_I4N, 1, 0)                            \
-    X(i4n_b64_e8, SP_NK_I4N, 1, 1) X(i4n_b128, SP_NK_I4N, 2, 0) X(i4n_b128_e8, SP_NK_I4N, 2, 1)
+    X(i4n_b64_e8, SP_NK_I4N, 1, 1) X(i4n_b128, SP_NK_I4N, 2, 0) X(i4n_b128_e8, SP_NK_I4N, 2, 1)                     \
+    X(i3_b32_l8, SP_NK_I3, 0, 2) X(i3_b64_l8, SP_NK_I3, 1, 2) X(i3_b128_l8, SP_NK_I3, 2, 2)                          \
+    X(i4_b32_l8, SP_NK_I4, 0, 2) X(i4_b64_l8, SP_NK_I4, 1, 2) X(i4_b128_l8, SP_NK_I4, 2, 2)                          \
+    X(i6_b32_l8, SP_NK_I6, 0, 2) X(i6_b64_l8, SP_NK_I6, 1, 2) X(i6_b128_l8, SP_NK_I6, 2, 2)                          \
+    X(i8_b32_l8, SP_NK_I8, 0, 2) X(i8_b64_l8, SP_NK_I8, 1, 2) X(i8_b128_l8, SP_NK_I8, 2, 2)                          \
+    X(i4n_b32_l8, SP_NK_I4N, 0, 2) X(i4n_b64_l8, SP_NK_I4N, 1, 2) X(i4n_b128_l8, SP_NK_I4N, 2, 2)
 
 /* ---- the activation type ----------------------------------------------------
  * Every native weight type takes its activations as x8_b128: int8 values in
@@ -102,8 +116,8 @@ void sp_x8_from_float_ref(const float *restrict src, void *restrict dst, int64_t
 
 /* ---- layouts ----------------------------------------------------------------
  * A block is [scale][planes]: the scale is an fp16 d (2 bytes), an E8M0
- * exponent e (1 byte, d = the float with bits e << 23) or, for the
- * asymmetric kinds, fp16 d then fp16 m (4 bytes).  Planes hold the unsigned
+ * exponent e (1 byte, d = the float with bits e << 23), an L8 byte (d =
+ * sp_l8_to_fp32) or, for the asymmetric kinds, fp16 d then fp16 m (4 bytes).  Planes hold the unsigned
  * code u of each element: INT3 = a 2-bit plane then a 1-bit plane (u = lo |
  * hi << 2), INT4 = one 4-bit plane, INT6 = a 4-bit plane then a 2-bit plane
  * (u = lo | hi << 4), INT8 = one byte per element (two's complement q).  In a
@@ -116,6 +130,8 @@ struct sp_native_layout {
     bool asym;          /* x = d * u + m */
     bool nl;            /* x = d * sp_native_nl4[u] */
     bool e8;            /* E8M0 scale */
+    bool l8;            /* L8 scale */
+    uint8_t l8_shift;   /* SP_NATIVE_L8_SHIFT(kind) */
     uint16_t block;     /* elements per block: 32, 64, 128 */
     uint16_t head;      /* bytes before the planes: 1, 2 or 4 */
     uint16_t bytes;     /* bytes per block */
@@ -151,6 +167,34 @@ static inline float sp_e8m0_to_fp32(uint8_t e) {
     return f;
 }
 
+/* L8 scale byte -> float: bit 7 the sign, m = bits 0..6 the magnitude,
+ * d = +-2^(m / 8 - 18 + sh) for m in 1..127, m = 0 gives 0.  sh is the
+ * kind's SP_NATIVE_L8_SHIFT, so that every kind covers the same block
+ * maxima, about 5.3e-4 .. 29 (d = 2^-17.875 .. 2^-2.125 for the kinds whose
+ * codes reach 127).  Steps of 2^(1/8) are 9% apart: rounding d to them
+ * costs at most 4.4%.  Exact: the float is assembled from the sign, the
+ * exponent and the correctly rounded mantissa of 2^((m % 8) / 8). */
+#define SP_NATIVE_L8_SHIFT(kind) ((kind) == SP_NK_I8 || (kind) == SP_NK_I4N ? 0 : 8 - SP_NATIVE_KIND_BITS(kind))
+static inline float sp_l8_to_fp32(uint8_t c, int sh) {
+    static const uint32_t frac[8] = {0x000000, 0x0b95c2, 0x1837f0, 0x25fed7, 0x3504f3, 0x45672a, 0x5744fd, 0x6ac0c7};
+    const uint32_t m = c & 127u;
+    const uint32_t bits = m ? (uint32_t)(c & 128u) << 24 | ((m >> 3) + 109u + (uint32_t)sh) << 23 | frac[m & 7] : 0;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* The L8 byte nearest d (linear distance) for shift sh; 0 for d = 0 or
+ * NaN, magnitudes clamped to the representable range. */
+uint8_t sp_fp32_to_l8(float d, int sh);
+
+/* The block scale d of layout L as its header stores it (FP16 rounding,
+ * nearest power of two for E8M0, nearest L8 value). */
+float sp_native_scale_round(const struct sp_native_layout *L, float d);
+
+/* The scale d in a block's header (not the min of the asymmetric kinds). */
+float sp_native_scale_get(const struct sp_native_layout *L, const void *blk);
+
 /* Type id for a name: native names as above, and ggml names ("F32", "F16",
  * "BF16", "Q8_0", "Q4_K", ... case-insensitive).  -1 if unknown. */
 int32_t sp_qtype_from_name(const char *name);
@@ -174,8 +218,9 @@ sp_status sp_quantize_rows(uint32_t t, const float *src, int64_t n_rows, int64_t
 /* Encode one block of native type t from codes chosen elsewhere (gptq.c
  * rounds against a grid of its own choosing): code[0..nv) are the signed q of
  * a symmetric kind (clamped to its range) or the unsigned u of an asymmetric
- * or non-uniform one, d the scale -- stored as FP16, or for an E8M0 type as the exponent of
- * d, which must then be a positive power of two -- and m the asymmetric
+ * or non-uniform one, d the scale -- stored as FP16, for an E8M0 type as the exponent of
+ * d, which must then be a positive power of two, for an L8 type as the
+ * nearest L8 value (sp_native_scale_round) -- and m the asymmetric
  * kinds' min (FP16; ignored otherwise).  Elements past nv (a padded last
  * block) get the code nearest 0.  Decoding gives d * q (+ m) with d and m as
  * stored.  SP_E_INVALID if t is not a native weight type. */

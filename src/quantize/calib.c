@@ -314,7 +314,7 @@ static sp_status observe_output(struct sp_model *m, struct sp_fwd *f, uint32_t n
     sp_status rc = sp_pager_pin(m->pager, m->output_norm, &w);
     if (rc) return rc;
     for (uint32_t t = 0; t < n_tok; t++) {
-        sp_rmsnorm(f->xb, f->x + (size_t)t * hp->n_embd, w, hp->n_embd, hp->rms_eps);
+        sp_rmsnorm(f->xb, f->x + (size_t)t * hp->n_embd, w, m->output_norm->type, hp->n_embd, hp->rms_eps);
         observe(o, m->output, f->xb, hp->n_embd, 1);
     }
     sp_pager_unpin(m->pager, m->output_norm, w);

@@ -184,25 +184,12 @@ struct grid {
 static const float cand_f[] = {1.0f, 0.80f, 0.85f, 0.90f, 0.95f, 1.05f, 1.10f, 1.15f, 1.20f};
 #define N_CAND ((int)(sizeof cand_f / sizeof cand_f[0]))
 
-/* d as the block header stores it. */
-static float store_d(const struct sp_native_layout *L, float d) {
-    if (!L->e8) return sp_fp16_to_fp32(sp_fp32_to_fp16(d));
-    if (!(d > 0) || !isfinite(d)) return 0.0f;
-    int e;
-    const float fr = frexpf(d, &e); /* d = fr 2^e, fr in [0.5, 1) */
-    if (fr > 0.70710678f) e++;      /* nearest power of two in the log domain */
-    e -= 1;                         /* 2^e as the E8M0 byte e + 127 */
-    if (e < -126) e = -126;
-    if (e > 127) e = 127;
-    return ldexpf(1.0f, e);
-}
-
 static float store_m(const struct sp_native_layout *L, float m) {
     return L->asym ? sp_fp16_to_fp32(sp_fp32_to_fp16(m)) : 0.0f;
 }
 
 static struct grid make_grid(const struct sp_native_layout *L, float d, float m) {
-    struct grid g = {store_d(L, d), store_m(L, m), 0, 0, NULL};
+    struct grid g = {sp_native_scale_round(L, d), store_m(L, m), 0, 0, NULL};
     if (L->nl) {
         g.hi = 15.0f;
         g.lv = sp_native_nl4;
@@ -218,13 +205,8 @@ static struct grid make_grid(const struct sp_native_layout *L, float d, float m)
 /* The grid sp_quantize_rows chose for an encoded block. */
 static struct grid header_grid(const struct sp_native_layout *L, const uint8_t *blk) {
     uint16_t h;
-    float d, m = 0;
-    if (L->e8) {
-        d = sp_e8m0_to_fp32(blk[0]);
-    } else {
-        memcpy(&h, blk, 2);
-        d = sp_fp16_to_fp32(h);
-    }
+    const float d = sp_native_scale_get(L, blk);
+    float m = 0;
     if (L->asym) {
         memcpy(&h, blk + 2, 2);
         m = sp_fp16_to_fp32(h);

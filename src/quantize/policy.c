@@ -24,11 +24,11 @@
 #define PATTERN_MAX 255
 
 /* ---- the named policies ----------------------------------------------------
- * Native names are i<bits>[a|n]_b<block>[_e8] (src/quant/native.h).  Blocks of
+ * Native names are i<bits>[a|n]_b<block>[_e8|_l8] (src/quant/native.h).  Blocks of
  * 64 keep the padding of narrow rows small (stories260K's FFN is 172 wide:
  * three 64-blocks, against two 128-blocks) while the scale costs 0.25 bit
  * per weight.  The bits per weight quoted are Llama-7B's (Llama-3-8B's are
- * within 0.2); small models pay more for their F32 norms and padded rows
+ * within 0.2); small models pay more for their norms and padded rows
  * (docs/QUANT.md). */
 
 struct named_policy {
@@ -64,17 +64,32 @@ static const struct named_policy named[] = {
      "*.ffn_up*            i3_b64_e8\n"
      "*.ffn_down*          i4_b64_e8\n"
      "*                    i4_b64_e8\n"},
+    {"mem4l", "~3.7 bpw: mem4 with 8-bit logarithmic (L8) block scales",
+     "# mem4l: mem4 with one-byte scales in eighths of an octave\n"
+     "output.weight        i6_b64_l8\n"
+     "token_embd.weight    i4_b64_l8\n"
+     "*ffn_gate_inp*       F32\n"
+     "*.attn_q.weight      i4_b64_l8\n"
+     "*.attn_k.weight      i4_b64_l8\n"
+     "*.attn_v.weight      i4_b64_l8\n"
+     "*.attn_output.weight i4_b64_l8\n"
+     "*.ffn_gate*          i3_b64_l8\n"
+     "*.ffn_up*            i3_b64_l8\n"
+     "*.ffn_down*          i4_b64_l8\n"
+     "*                    i4_b64_l8\n"},
     {"mem3", "~3.3 bpw: 3-bit, output head 4-bit",
      "# mem3: 3-bit weights, 4-bit output head\n"
      "output.weight        i4_b64\n"
      "token_embd.weight    i3_b64\n"
      "*ffn_gate_inp*       F32\n"
      "*                    i3_b64\n"},
-    {"q4", "~4.5 bpw, quality first: non-uniform 4-bit, attention K 6-bit",
+    {"q4", "~4.5 bpw, quality first: non-uniform 4-bit in blocks of 32, attention K and V 6-bit",
      "# q4: the most accurate mix found for <= 4.5 bpw (docs/QUANT.md)\n"
      "*ffn_gate_inp*       F32\n"
-     "*.attn_k.weight      i6_b64   # the most sensitive per weight, and small with GQA\n"
-     "*                    i4n_b64  # non-uniform levels: 19% less squared error than i4\n"},
+     "token_embd.weight    i4n_b64_l8  # read by rows, the least sensitive: larger blocks\n"
+     "*.attn_k.weight      i6_b64_l8   # the most sensitive per weight, and small with GQA\n"
+     "*.attn_v.weight      i6_b64_l8   # the next most sensitive\n"
+     "*                    i4n_b32_l8  # non-uniform levels, one-byte scales\n"},
     {"q8", "~8.5 bpw: INT8 everywhere",
      "# q8: 8-bit weights everywhere\n"
      "*ffn_gate_inp*       F32\n"

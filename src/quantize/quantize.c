@@ -18,7 +18,7 @@
  *  2. Memory is bounded by one slab (QUANT_SLAB_BYTES of floats plus its
  *     quantized bytes) and the pruning/calibration tables, never by the model.
  *  3. Every tensor of the input is in the output, in the same order; 1-D
- *     tensors (norms, biases) stay F32, as the forward pass reads them so.
+ *     tensors are F16 (norms) or F32 (biases, RoPE factors).
  */
 #include "quantize.h"
 
@@ -95,7 +95,7 @@ struct job {
     struct sp_scale_plan *scale;
     struct qtensor *q;      /* (n) */
     uint32_t n;
-    bool native, ggml_quant;
+    bool native, native_l8, ggml_quant; /* native_l8: an L8 type is used (native-types-2) */
     uint64_t n_params, bytes;
     int32_t n_gptq;         /* tensors rounded with error feedback */
 };
@@ -108,11 +108,18 @@ static sp_status choose_type(struct job *J, struct qtensor *q) {
     const struct sp_tensor_desc *t = q->src;
     const bool tied = m->output == m->tok_embd && t == m->tok_embd;
     if (q->n_dims == 1 || q->rows == 1) {
-        q->type = SP_QTYPE_F32;
-        /* Say so only when a rule names the vector, not for a catch-all. */
+        /* Norm weights default to F16 (the forward pass reads F32 or F16),
+         * other vectors (biases, RoPE factors) to F32; a rule that names a
+         * vector may choose between the two. */
+        const bool is_norm = strstr(t->name, "norm") != NULL;
+        q->type = is_norm ? SP_QTYPE_F16 : SP_QTYPE_F32;
         const struct sp_qrule *r = sp_qpolicy_match(J->policy, t->name);
-        if (r && r->type != SP_QTYPE_F32 && strcmp(r->pattern, "*") != 0) {
-            snprintf(q->note, sizeof q->note, "F32, not %s: the forward pass reads vectors as F32", type_name(r->type));
+        if (!r || strcmp(r->pattern, "*") == 0) return SP_OK; /* a catch-all is for matrices */
+        if (r->type == SP_QTYPE_F32 || (r->type == SP_QTYPE_F16 && is_norm)) {
+            q->type = r->type;
+        } else {
+            snprintf(q->note, sizeof q->note, "%s, not %s: the forward pass reads %s", type_name(q->type),
+                     type_name(r->type), is_norm ? "norms as F32 or F16" : "this vector as F32");
         }
         return SP_OK;
     }
@@ -156,6 +163,7 @@ static sp_status plan_tensors(struct job *J) {
         q->row_bytes = sp_qtype_row_bytes(q->type, q->ne[0]);
         SP_ASSERT(q->row_bytes > 0);
         J->native |= sp_qtype_is_native(q->type);
+        J->native_l8 |= sp_native_layout(q->type) && sp_native_layout(q->type)->l8;
         J->ggml_quant |= !sp_qtype_is_native(q->type) && q->type != SP_QTYPE_F32 && q->type != SP_QTYPE_F16 &&
                          q->type != SP_QTYPE_BF16;
         J->n_params += (uint64_t)(q->rows * q->ne[0]);
@@ -297,7 +305,7 @@ static sp_status write_meta(struct sp_gguf_writer *w, const struct job *J) {
         TRY(sp_gguf_writer_set_u32(w, K("attention.value_length"), hp->head_dim_v));
     }
 #undef K
-    if (J->native) TRY(sp_gguf_writer_set_str(w, "sparrow.requires", "native-types-1"));
+    if (J->native) TRY(sp_gguf_writer_set_str(w, "sparrow.requires", J->native_l8 ? "native-types-2" : "native-types-1"));
     if (J->ggml_quant) TRY(sp_gguf_writer_set_u32(w, "general.quantization_version", 2));
     TRY(sp_gguf_writer_set_str(w, "sparrow.quant.policy", J->policy->name));
     TRY(sp_gguf_writer_set_f32(w, "sparrow.quant.bpw", (float)((double)J->bytes * 8.0 / (double)J->n_params)));

@@ -61,12 +61,13 @@ ARM_INLINE int8x16_t armn_q(const int bits, const bool asym, const bool nl, cons
     return vsubq_s8(vreinterpretq_s8_u8(u), vdupq_n_s8((int8_t)(1 << (bits - 1))));
 }
 
-ARM_INLINE float armn_dot(const int bits, const bool asym, const bool nl, const bool e8, const int B, int64_t n,
-                          const uint8_t *w, const struct sp_x8_run *a) {
-    const int head = asym ? 4 : e8 ? 1 : 2, bytes = head + B * bits / 8;
+/* sc: the scale kind (enum sp_native_scale), sh: the kind's L8 shift. */
+ARM_INLINE float armn_dot(const int bits, const bool asym, const bool nl, const int sc, const int sh, const int B,
+                          int64_t n, const uint8_t *w, const struct sp_x8_run *a) {
+    const int head = asym ? 4 : SP_NATIVE_SCALE_BYTES(sc), bytes = head + B * bits / 8;
     float sum = 0;
     for (int64_t i0 = 0; i0 < n; i0 += B, w += bytes) {
-        const float d = e8 ? sp_e8m0_to_fp32(w[0]) : arm_h2f(w);
+        const float d = sc == SP_NS_E8 ? sp_e8m0_to_fp32(w[0]) : sc == SP_NS_L8 ? sp_l8_to_fp32(w[0], sh) : arm_h2f(w);
         float sx = 0;
         for (int j = 0; j < B / 32; j++, a++) {
             int32x4_t acc = arm_dot16(vdupq_n_s32(0), armn_q(bits, asym, nl, B, w + head, 2 * j), vld1q_s8(a->qs));
@@ -80,17 +81,17 @@ ARM_INLINE float armn_dot(const int bits, const bool asym, const bool nl, const 
 }
 
 
-#define ARMN_DEF(name, kind, blk, e8)                                                                                 \
+#define ARMN_DEF(name, kind, blk, sc)                                                                                 \
     static void armn_vec_dot_##name(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) { \
-        *s = armn_dot(SP_NATIVE_KIND_BITS(kind), SP_NATIVE_KIND_ASYM(kind), SP_NATIVE_KIND_NL(kind), (e8), 32 << (blk), n, \
-                      w, x);                                                                                          \
+        *s = armn_dot(SP_NATIVE_KIND_BITS(kind), SP_NATIVE_KIND_ASYM(kind), SP_NATIVE_KIND_NL(kind), (sc),             \
+                      SP_NATIVE_L8_SHIFT(kind), 32 << (blk), n, w, x);                                                \
     }
 SP_NATIVE_TYPES(ARMN_DEF)
 
 /* Replace the vec_dot of every native weight type in ntable (indexed by id -
  * SP_QTYPE_NATIVE_FIRST). */
 static void armn_install(struct sp_qtraits *ntable) {
-#define ARMN_SET(name, kind, blk, e8) ntable[SP_NATIVE_ID(kind, blk, e8) - SP_QTYPE_NATIVE_FIRST].vec_dot = armn_vec_dot_##name;
+#define ARMN_SET(name, kind, blk, sc) ntable[SP_NATIVE_ID(kind, blk, sc) - SP_QTYPE_NATIVE_FIRST].vec_dot = armn_vec_dot_##name;
     SP_NATIVE_TYPES(ARMN_SET)
 #undef ARMN_SET
 }
