@@ -430,6 +430,23 @@ static void test_l8(void) {
         ok &= (c & 128) == (d < 0 ? 128 : 0);
     }
     CHECKF(ok, "sp_fp32_to_l8 is not the nearest L8 value");
+    /* reach: the same block maxima for every kind, about 29; beyond, values
+     * clamp to it (finite, sign kept) */
+    for (int k = 0; k < N_TYPES; k++) {
+        const struct ntype *t = &types[k];
+        if (!t->l8) continue;
+        const float reach = sp_native_reach(sp_native_layout(t->id));
+        CHECKF(reach > 29.0f && reach < 30.0f, "%s: reach %g", t->name, reach);
+        float big[128], back[128];
+        for (int i = 0; i < t->block; i++) big[i] = (i % 3 ? -1000.0f : 1000.0f) * (float)(i + 1) / (float)t->block;
+        uint8_t blk[256];
+        CHECK(sp_quantize_rows(t->id, big, 1, t->block, NULL, blk) == SP_OK);
+        sp_qtraits_ref(t->id)->to_float(blk, back, t->block);
+        float amax = 0;
+        for (int i = 0; i < t->block; i++) amax = fmaxf(amax, fabsf(back[i]));
+        CHECKF(amax <= reach && amax > 0.5f * reach, "%s: a block of maxima 1000 decodes to max %g", t->name, amax);
+    }
+    CHECK(isinf(sp_native_reach(sp_native_layout((uint32_t)sp_qtype_from_name("i4_b32")))));
     const int64_t n = 4096;
     float *x = malloc((size_t)n * sizeof *x), *y = malloc((size_t)n * sizeof *y);
     rng_seed(6);

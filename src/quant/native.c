@@ -140,6 +140,13 @@ uint8_t sp_fp32_to_l8(float d, int sh) {
     return (uint8_t)(sign | best);
 }
 
+float sp_native_reach(const struct sp_native_layout *L) {
+    const float qmax = L->nl ? 127.0f : (float)(1 << (L->bits - 1));
+    if (L->l8) return sp_l8_to_fp32(127, L->l8_shift) * qmax;
+    if (L->e8) return sp_e8m0_to_fp32(254) * qmax;
+    return INFINITY;
+}
+
 float sp_native_scale_round(const struct sp_native_layout *L, float d) {
     if (L->l8) return sp_l8_to_fp32(sp_fp32_to_l8(d, L->l8_shift), L->l8_shift);
     if (!L->e8) return sp_fp16_to_fp32(sp_fp32_to_fp16(d));

@@ -192,6 +192,11 @@ uint8_t sp_fp32_to_l8(float d, int sh);
  * nearest power of two for E8M0, nearest L8 value). */
 float sp_native_scale_round(const struct sp_native_layout *L, float d);
 
+/* The largest |value| a block of layout L can hold (its largest scale times
+ * its largest level); infinite for FP16 scales, which the quantizer never
+ * needs to clamp on weights of sane size. */
+float sp_native_reach(const struct sp_native_layout *L);
+
 /* The scale d in a block's header (not the min of the asymmetric kinds). */
 float sp_native_scale_get(const struct sp_native_layout *L, const void *blk);
 

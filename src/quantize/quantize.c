@@ -83,7 +83,7 @@ struct qtensor {
     size_t row_bytes;       /* of one output row */
     struct sp_prune_cut cut;
     float *imp;             /* (ne[0]) importance after the cut, or NULL */
-    char note[128];
+    char note[256];
 };
 
 struct job {
@@ -325,6 +325,7 @@ static sp_status write_meta(struct sp_gguf_writer *w, const struct job *J) {
 struct err_acc {
     double se, s2, wse, ws2; /* sum (w-q)^2, sum w^2, and the same weighted by imp */
     struct sp_gptq_stats gs; /* GPTQ rows, and those whose scales the refit set */
+    int64_t clamped;         /* weights beyond what the type's scale can reach */
     sp_status rc;
     char pad[16];            /* keep threads' accumulators on separate cache lines */
 };
@@ -361,6 +362,7 @@ static void slab_task(void *arg, int ith, int nth) {
     const sp_to_float_fn to_float = sp_qtraits_get(q->type)->to_float;
     float *d = s->deq[ith];
     const int64_t np = padded_width(q->type, n);
+    const float reach = sp_native_layout(q->type) ? sp_native_reach(sp_native_layout(q->type)) : INFINITY;
     sp_status rc = SP_OK;
     double *hb = NULL;
     if (s->rows && !(hb = sp_malloc((size_t)(q->src->ne[0] * q->src->ne[0]) * sizeof(double)))) {
@@ -386,6 +388,7 @@ static void slab_task(void *arg, int ith, int nth) {
         }
         for (int64_t k = 0; k < n; k++) {
             const double e = (double)w[k] - d[k], w2 = (double)w[k] * w[k];
+            acc->clamped += fabsf(w[k]) > reach;
             acc->se += e * e;
             acc->s2 += w2;
             if (q->imp) {
@@ -538,6 +541,13 @@ static sp_status write_tensor(struct job *J, uint32_t i, struct sp_gguf_writer *
         tot.se += b->acc[k].se, tot.s2 += b->acc[k].s2, tot.wse += b->acc[k].wse, tot.ws2 += b->acc[k].ws2;
         tot.gs.n_rows += b->acc[k].gs.n_rows;
         tot.gs.n_refit += b->acc[k].gs.n_refit;
+        tot.clamped += b->acc[k].clamped;
+    }
+    if (tot.clamped) { /* L8's range: say so, the error alone would not say why */
+        const size_t used = strlen(q->note);
+        snprintf(q->note + used, sizeof q->note - used, "%s%lld weights beyond the %s scale's reach (|w| > %.3g), "
+                 "clamped: an FP16-scale type fits them", used ? "; " : "", (long long)tot.clamped, type_name(q->type),
+                 (double)sp_native_reach(sp_native_layout(q->type)));
     }
     if (fed_back) {
         const size_t used = strlen(q->note);
