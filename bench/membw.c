@@ -9,6 +9,9 @@
  *       "1,2,4"), each thread streaming its own contiguous slice with the
  *       widest vector loads the CPU has (AVX-512, AVX2, else 64-bit scalar).
  *       Reports GB/s (1e9 bytes/s), the median and best of the passes.
+ *       --chunk KiB: thread i reads chunks i, i + n, i + 2n, ... of that size
+ *       instead (n threads), so that the threads' streams stay close together
+ *       -- the pattern an interleaved split of a matrix's rows would give.
  *   membw --file PATH [--block KiB] [--passes N] [--json]
  *       Sequential read speed of a file: buffered as it is (page cache warm
  *       or not), buffered after evicting the file from the page cache
@@ -128,6 +131,7 @@ static read_fn pick_kernel(const char **name) {
 struct mem_job {
     const uint8_t *buf;
     size_t size;
+    size_t chunk; /* 0: contiguous slices */
     int nth;
     int passes;
     read_fn fn;
@@ -140,23 +144,32 @@ struct mem_thread {
     int ith;
 };
 
-/* Each pass: wait at start, read this thread's slice, wait at end. */
+/* Bytes each pass reads (whole slices or whole rounds of chunks). */
+static size_t mem_bytes(const struct mem_job *j) {
+    const size_t n = (size_t)j->nth;
+    return j->chunk ? j->size / (j->chunk * n) * j->chunk * n : j->size / n / 256 * 256 * n;
+}
+
+/* Each pass: wait at start, read this thread's slice (or chunks), wait at end. */
 static void *mem_worker(void *arg) {
     struct mem_thread *t = arg;
     struct mem_job *j = t->job;
-    const size_t slice = j->size / (size_t)j->nth / 256 * 256;
-    const uint8_t *p = j->buf + slice * (size_t)t->ith;
+    const size_t n = (size_t)j->nth, ith = (size_t)t->ith, bytes = mem_bytes(j);
     for (int k = 0; k < j->passes; k++) {
         pthread_barrier_wait(&j->start);
-        j->sink ^= j->fn(p, slice);
+        if (j->chunk) {
+            for (size_t o = j->chunk * ith; o < bytes; o += j->chunk * n) j->sink ^= j->fn(j->buf + o, j->chunk);
+        } else {
+            j->sink ^= j->fn(j->buf + bytes / n * ith, bytes / n);
+        }
         pthread_barrier_wait(&j->end);
     }
     return NULL;
 }
 
 /* GB/s of each pass into gbps[passes]. */
-static void mem_run(const uint8_t *buf, size_t size, int nth, int passes, read_fn fn, double *gbps) {
-    struct mem_job j = {.buf = buf, .size = size, .nth = nth, .passes = passes, .fn = fn};
+static void mem_run(const uint8_t *buf, size_t size, size_t chunk, int nth, int passes, read_fn fn, double *gbps) {
+    struct mem_job j = {.buf = buf, .size = size, .chunk = chunk, .nth = nth, .passes = passes, .fn = fn};
     pthread_t tid[256];
     struct mem_thread ts[256];
     pthread_barrier_init(&j.start, NULL, (unsigned)nth + 1);
@@ -165,7 +178,7 @@ static void mem_run(const uint8_t *buf, size_t size, int nth, int passes, read_f
         ts[i] = (struct mem_thread){&j, i};
         if (pthread_create(&tid[i], NULL, mem_worker, &ts[i]) != 0) die("%s", "pthread_create failed");
     }
-    const size_t bytes = size / (size_t)nth / 256 * 256 * (size_t)nth;
+    const size_t bytes = mem_bytes(&j);
     for (int k = 0; k < passes; k++) {
         pthread_barrier_wait(&j.start);
         const double t0 = now_s();
@@ -177,7 +190,7 @@ static void mem_run(const uint8_t *buf, size_t size, int nth, int passes, read_f
     pthread_barrier_destroy(&j.end);
 }
 
-static int mem_mode(size_t size, int passes, const char *list, int json) {
+static int mem_mode(size_t size, size_t chunk, int passes, const char *list, int json) {
     const char *kname;
     read_fn fn = pick_kernel(&kname);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -203,13 +216,14 @@ static int mem_mode(size_t size, int passes, const char *list, int json) {
 #endif
     memset(buf, 1, size); /* touch every page before timing */
 
-    if (json) printf("{\"mode\": \"memory\", \"kernel\": \"%s\", \"size_bytes\": %zu, \"passes\": %d, \"results\": [",
-                     kname, size, passes);
-    else printf("memory read bandwidth: %zu MiB buffer, %s loads, %d passes\n%8s %12s %12s\n", size >> 20, kname,
-                passes, "threads", "median GB/s", "best GB/s");
+    if (json) printf("{\"mode\": \"memory\", \"kernel\": \"%s\", \"size_bytes\": %zu, \"chunk_bytes\": %zu, \"passes\": %d, "
+                     "\"results\": [",
+                     kname, size, chunk, passes);
+    else printf("memory read bandwidth: %zu MiB buffer, %s loads, %d passes, %s\n%8s %12s %12s\n", size >> 20, kname,
+                passes, chunk ? "interleaved chunks" : "contiguous slices", "threads", "median GB/s", "best GB/s");
     double *g = calloc((size_t)passes, sizeof *g);
     for (int i = 0; i < nt; i++) {
-        mem_run(buf, size, threads[i], passes, fn, g);
+        mem_run(buf, size, chunk, threads[i], passes, fn, g);
         double best = 0;
         for (int k = 0; k < passes; k++) best = g[k] > best ? g[k] : best;
         const double med = median(g, passes);
@@ -355,17 +369,18 @@ static int file_mode(const char *path, size_t block, int passes, int json, const
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: membw [--size MiB] [--passes N] [--threads LIST] [--json]\n"
+    fprintf(f, "usage: membw [--size MiB] [--passes N] [--threads LIST] [--chunk KiB] [--json]\n"
                "       membw --file PATH [--block KiB] [--passes N] [--mode M] [--limit MiB] [--json]\n"
                "Memory read bandwidth with 1, 2 and all threads (default 1024 MiB, 5 passes),\n"
                "or the sequential read speed of a file: buffered, buffered after evicting it from\n"
                "the page cache, and O_DIRECT (default 4096 KiB blocks, 3 passes).  --mode keeps one\n"
                "of buffered, buffered_cold, direct; --limit stops each pass after that many MiB;\n"
-               "--qd N keeps N block reads in flight (N threads), as an engine's I/O threads do.\n");
+               "--qd N keeps N block reads in flight (N threads), as an engine's I/O threads do.\n"
+               "--chunk: each thread reads every n-th chunk of that size instead of its own slice.\n");
 }
 
 int main(int argc, char **argv) {
-    size_t size = (size_t)1 << 30, block = (size_t)4 << 20;
+    size_t size = (size_t)1 << 30, block = (size_t)4 << 20, chunk = 0;
     int passes = -1, json = 0;
     const char *list = NULL, *file = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
@@ -387,6 +402,11 @@ int main(int argc, char **argv) {
             long kb = atol(v);
             if (kb < 4 || kb % 4) die("--block: '%s' is not a positive multiple of 4 KiB", v);
             block = (size_t)kb << 10;
+            i++;
+        } else if (!strcmp(a, "--chunk")) {
+            long kb = atol(v);
+            if (kb < 1) die("--chunk: '%s' is not a positive number of KiB", v);
+            chunk = (size_t)kb << 10;
             i++;
         } else if (!strcmp(a, "--passes")) {
             passes = atoi(v);
@@ -417,5 +437,5 @@ int main(int argc, char **argv) {
         }
     }
     if (file) return file_mode(file, block, passes > 0 ? passes : 3, json, only);
-    return mem_mode(size, passes > 0 ? passes : 5, list, json);
+    return mem_mode(size, chunk, passes > 0 ? passes : 5, list, json);
 }
