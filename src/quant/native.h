@@ -175,10 +175,18 @@ static inline float sp_e8m0_to_fp32(uint8_t e) {
  * costs at most 4.4%.  Exact: the float is assembled from the sign, the
  * exponent and the correctly rounded mantissa of 2^((m % 8) / 8). */
 #define SP_NATIVE_L8_SHIFT(kind) ((kind) == SP_NK_I8 || (kind) == SP_NK_I4N ? 0 : 8 - SP_NATIVE_KIND_BITS(kind))
+/* The mantissa bits of 2^(k / 8), k = 0..7, correctly rounded. */
+#define SP_NATIVE_L8_FRAC(k)                                                                                          \
+    ((k) == 0 ? 0u : (k) == 1 ? 0x0b95c2u : (k) == 2 ? 0x1837f0u : (k) == 3 ? 0x25fed7u : (k) == 4 ? 0x3504f3u       \
+     : (k) == 5 ? 0x45672au : (k) == 6 ? 0x5744fdu : 0x6ac0c7u)
+/* The float bits of L8 byte c at shift sh (a constant expression for
+ * constant arguments: kernels build tables from it). */
+#define SP_NATIVE_L8_BITS(c, sh)                                                                                      \
+    (((c) & 127u) ? (uint32_t)((c) & 128u) << 24 | ((((c) & 127u) >> 3) + 109u + (uint32_t)(sh)) << 23 |              \
+                        SP_NATIVE_L8_FRAC((c) & 7u)                                                                  \
+                  : 0u)
 static inline float sp_l8_to_fp32(uint8_t c, int sh) {
-    static const uint32_t frac[8] = {0x000000, 0x0b95c2, 0x1837f0, 0x25fed7, 0x3504f3, 0x45672a, 0x5744fd, 0x6ac0c7};
-    const uint32_t m = c & 127u;
-    const uint32_t bits = m ? (uint32_t)(c & 128u) << 24 | ((m >> 3) + 109u + (uint32_t)sh) << 23 | frac[m & 7] : 0;
+    const uint32_t bits = SP_NATIVE_L8_BITS((uint32_t)c, sh);
     float f;
     memcpy(&f, &bits, 4);
     return f;
