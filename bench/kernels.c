@@ -271,11 +271,12 @@ int main(int argc, char **argv) {
     if (n_threads >= 1 && sp_pool_init(n_threads, &pool) == SP_OK) {
         printf("\ndecode through sp_matmul, %d threads, %zu MiB matrix: GB/s of weights, all threads (wall clock, median of 7)\n",
                n_threads, big >> 20);
-        for (size_t k = 0; k < SP_ARRAY_LEN(types) + 2; k++) { /* then the resident layouts of Q4_0 and Q4_K */
-            const uint32_t t = k < SP_ARRAY_LEN(types) ? types[k]
-                                                       : sp_qtype_resident(k == SP_ARRAY_LEN(types) ? SP_QTYPE_Q4_0 : SP_QTYPE_Q4_K);
+        for (size_t k = 0; k < n_ggml + SP_QTYPE_NATIVE_COUNT; k++) { /* ggml's, then the native ids named */
+            const uint32_t t = k < n_ggml ? types[k] : SP_QTYPE_NATIVE_FIRST + (uint32_t)(k - n_ggml);
             const char *tn = sp_qtype_name(t);
-            if (!wanted(tn, argc, argv)) continue;
+            if (!tn || !sp_qtraits_ref(t)->vec_dot || (k >= n_ggml && argc <= 1 && !sp_qtype_resident_from(t)) ||
+                !wanted(tn, argc, argv))
+                continue;
             const struct sp_qtraits *ref = sp_qtraits_ref(t), *xt = sp_qtraits_ref(ref->vec_dot_type);
             const size_t rb = sp_qtype_row_bytes(t, N_COLS);
             const int64_t rows = (int64_t)(big / rb);

@@ -802,6 +802,106 @@ static void test_simd_gemm(const struct test_level *l) {
     }
 }
 
+/* ---- resident g4 layouts (native.h) ---------------------------------------------------
+ * Rows of random blocks of i3_b64 / i4_b64 / i6_b64, repacked in place:
+ * the layout's reference reads the file type's floats and dot bits; the
+ * level's vec_dot is within TOL_DOT_SIMD of them (the decode path's float
+ * order), and its gemm gives the level's vec_dot bits for every (row,
+ * token), batches included, writing nothing else.  Sizes: one group, 3,
+ * Llama's 4096 and 11008, and rows over two of decode's K chunks; row
+ * counts around the gemm's 16-row strips. */
+static void test_simd_g4(const struct test_level *l) {
+    static const uint32_t g4[] = {SP_QTYPE_I3_B64_G4, SP_QTYPE_I4_B64_G4, SP_QTYPE_I6_B64_G4};
+    static const int64_t sizes[] = {256, 768, 4096, 11008, 16384 + 3 * 256}, toks[] = {1, 2, 5}, rows[] = {1, 7, 16, 19};
+    const int64_t max_rows = 19, max_tok = 5, ldy = max_rows + 2;
+    for (size_t k = 0; k < SP_ARRAY_LEN(g4); k++) {
+        const uint32_t ft = sp_qtype_resident_from(g4[k]);
+        const struct ntype *t = NULL;
+        for (int i = 0; i < N_TYPES; i++)
+            if (types[i].id == ft) t = &types[i];
+        CHECKF(t && sp_qtype_resident(ft) == g4[k] && t->block == 64 && !t->e8 && !t->l8 && !t->asym && !t->nl,
+               "resident id %u: not the g4 layout of a symmetric FP16 64-block type", (unsigned)g4[k]);
+        if (!t) continue;
+        const struct sp_qtraits *fr = sp_qtraits_ref(ft), *ref = sp_qtraits_ref(g4[k]), *got = lvl(l, g4[k]);
+        CHECKF(ref && ref->block_elems == SP_QK_G4 && ref->block_bytes == 4 * fr->block_bytes,
+               "%s: a group is not 4 blocks of %s", ref ? ref->name : "?", fr->name);
+#if defined(__x86_64__)
+        CHECKF(got->gemm && got->vec_dot != ref->vec_dot, "%s: no %s kernels", l->name, ref->name);
+#endif
+        int bad = 0;
+        double worst = 0;
+        for (size_t si = 0; si < SP_ARRAY_LEN(sizes); si++) {
+            const int64_t n = sizes[si];
+            const size_t rb = sp_qtype_row_bytes(ft, n), ws = rb + 9, xs = sp_qtype_row_bytes(SP_QTYPE_X8, n) + 12;
+            CHECK(sp_qtype_row_bytes(g4[k], n) == rb);
+            uint8_t *w = calloc((size_t)max_rows, ws), *wg = calloc((size_t)max_rows, ws);
+            uint8_t *x = calloc((size_t)max_tok, xs);
+            float *fa = malloc((size_t)n * sizeof *fa), *fb = malloc((size_t)n * sizeof *fb);
+            float *y = malloc((size_t)(max_tok * ldy) * sizeof *y), *sv = malloc((size_t)(max_tok * max_rows) * sizeof *sv);
+            rng_seed(6060 + k * 131 + (uint64_t)n);
+            for (int64_t r = 0; r < max_rows; r++) random_row(t, w + (size_t)r * ws, n);
+            for (int64_t i = 0; i < max_tok; i++) {
+                for (int64_t j = 0; j < n; j++) fa[j] = rng_normal();
+                sp_qtraits_ref(SP_QTYPE_X8)->from_float(fa, x + (size_t)i * xs, n);
+            }
+            memcpy(wg, w, (size_t)max_rows * ws);
+            sp_qtype_repack(g4[k], wg, max_rows, n, ws);
+            for (int64_t r = 0; r < max_rows; r++) {
+                const uint8_t *wr = w + (size_t)r * ws, *gr = wg + (size_t)r * ws;
+                CHECK(memcmp(wg + (size_t)r * ws + rb, w + (size_t)r * ws + rb, ws - rb) == 0); /* row gaps untouched */
+                fr->to_float(wr, fa, n);
+                ref->to_float(gr, fb, n);
+                if (memcmp(fa, fb, (size_t)n * sizeof *fa) && bad++ < 3)
+                    fprintf(stderr, "%s to_float n %lld row %lld differs from %s\n", ref->name, (long long)n, (long long)r, fr->name);
+                for (int64_t i = 0; i < max_tok; i++) {
+                    const uint8_t *xi = x + (size_t)i * xs;
+                    float a = 0, b = 0, c = 0;
+                    fr->vec_dot(n, &a, wr, xi);
+                    ref->vec_dot(n, &b, gr, xi);
+                    got->vec_dot(n, &c, gr, xi);
+                    sv[i * max_rows + r] = c;
+                    double mag;
+                    (void)dot_float(t, wr, xi, n, fa, fb, &mag);
+                    const double err = fabs((double)c - a) / mag;
+                    worst = fmax(worst, err);
+                    if ((b != a || err > TOL_DOT_SIMD) && bad++ < 3)
+                        fprintf(stderr, "%s %s vec_dot n %lld row %lld: ref %.9g got %.9g, %s %.9g\n", l->name,
+                                ref->name, (long long)n, (long long)r, b, c, fr->name, a);
+                }
+            }
+            for (size_t ri = 0; ri < SP_ARRAY_LEN(rows) && got->gemm; ri++) {
+                for (size_t ti = 0; ti < SP_ARRAY_LEN(toks); ti++) {
+                    const int64_t nr = rows[ri], nt = toks[ti];
+                    for (int64_t i = 0; i < max_tok * ldy; i++) y[i] = -12345.0f;
+                    const uint64_t allocs = sp_alloc_count();
+                    got->gemm(n, wg, ws, nr, x, xs, nt, y, ldy);
+                    CHECKF(sp_alloc_count() == allocs, "%s %s gemm allocated", l->name, ref->name);
+                    for (int64_t i = 0; i < max_tok; i++) {
+                        for (int64_t r = 0; r < ldy; r++) {
+                            const float v = y[i * ldy + r];
+                            const bool ok = i >= nt || r >= nr ? v == -12345.0f : v == sv[i * max_rows + r];
+                            if (!ok && bad++ < 3)
+                                fprintf(stderr, "%s %s gemm n %lld rows %lld tok %lld: y[%lld][%lld] %.9g\n", l->name,
+                                        ref->name, (long long)n, (long long)nr, (long long)nt, (long long)i,
+                                        (long long)r, v);
+                        }
+                    }
+                }
+            }
+            free(w);
+            free(wg);
+            free(x);
+            free(fa);
+            free(fb);
+            free(y);
+            free(sv);
+        }
+        CHECKF(bad == 0, "%s %s: %d values differ", l->name, ref->name, bad);
+        printf("  %-8s %-11s to_float and reference dot: %s's bits; vec_dot worst rel err %.2e, gemm = vec_dot\n",
+               l->name, ref->name, fr->name, worst);
+    }
+}
+
 /* ---- the model's ops on padded rows ------------------------------------------------ */
 
 static void test_matmul(void) {
@@ -980,6 +1080,7 @@ int main(void) {
         test_simd_x8(&levels[i]);
         test_simd_dot(&levels[i]);
         test_simd_gemm(&levels[i]);
+        test_simd_g4(&levels[i]);
     }
     test_matmul();
     test_quantize_ggml();

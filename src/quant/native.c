@@ -187,12 +187,9 @@ static void native_to_float(const struct sp_native_layout *L, const void *restri
  * exact int32 sum of q_w * q_x over the run; then, asymmetric kinds only,
  * sum += m_w * (s_x,0 + s_x,1 + ...) (the activation blocks' scaled sums,
  * added in order). */
-static void native_vec_dot(const struct sp_native_layout *L, int64_t n, float *restrict s, const void *restrict w,
-                           const void *restrict x) {
-    const uint8_t *p = w;
-    const struct sp_x8_run *a = x; /* a row is a sequence of runs */
+static float native_dot_acc(const struct sp_native_layout *L, int64_t n, float sum, const uint8_t *p,
+                            const struct sp_x8_run *a) {
     const int B = L->block;
-    float sum = 0;
     for (int64_t i0 = 0; i0 < n; i0 += B, p += L->bytes) {
         const float d = block_d(L, p);
         float sx = 0;
@@ -204,8 +201,126 @@ static void native_vec_dot(const struct sp_native_layout *L, int64_t n, float *r
         }
         if (L->asym) sum += block_m(L, p) * sx;
     }
+    return sum;
+}
+
+static void native_vec_dot(const struct sp_native_layout *L, int64_t n, float *restrict s, const void *restrict w,
+                           const void *restrict x) {
+    *s = native_dot_acc(L, n, 0.0f, w, x); /* a row of activations is a sequence of runs */
+}
+
+/* ---- resident g4 layouts (native.h) ---------------------------------------
+ * A group is a permutation of its 4 file blocks' bytes (and, for INT3, of
+ * the bits of their 1-bit planes): g4_pack / g4_unpack, and the reference
+ * reads a group by unpacking it. */
+
+#define G4_BLOCKS (SP_QK_G4 / 64)
+
+/* 4 file blocks (2 + 8 * bits bytes each) -> group g. */
+static void g4_pack(int bits, const uint8_t *blk, uint8_t *g) {
+    const int bb = 2 + 8 * bits, nch = bits == 3 ? 1 : bits / 2;
+    for (int k = 0; k < G4_BLOCKS; k++) memcpy(g + 2 * k, blk + k * bb, 2);
+    for (int pr = 0; pr < 2; pr++) {
+        uint8_t *q = g + 2 * G4_BLOCKS + 16 * bits * pr;
+        const uint8_t *a = blk + pr * bb + 2, *b = blk + (pr + 2) * bb + 2;
+        for (int c = 0; c < nch; c++) {
+            memcpy(q + 32 * c, a + 16 * c, 16);
+            memcpy(q + 32 * c + 16, b + 16 * c, 16);
+        }
+        if (bits != 3) continue;
+        /* file: element 16f + j's high bit is bit 2f + j / 8 of byte j % 8 */
+        for (int j = 0; j < 16; j++) {
+            unsigned v = 0;
+            for (int f = 0; f < 4; f++) {
+                const int sh = 2 * f + j / 8;
+                v |= ((a[16 + j % 8] >> sh) & 1u) << (2 * f) | ((b[16 + j % 8] >> sh) & 1u) << (2 * f + 1);
+            }
+            q[32 + j] = (uint8_t)v;
+        }
+    }
+}
+
+/* Group g -> its 4 file blocks. */
+static void g4_unpack(int bits, const uint8_t *g, uint8_t *blk) {
+    const int bb = 2 + 8 * bits, nch = bits == 3 ? 1 : bits / 2;
+    for (int k = 0; k < G4_BLOCKS; k++) memcpy(blk + k * bb, g + 2 * k, 2);
+    for (int pr = 0; pr < 2; pr++) {
+        const uint8_t *q = g + 2 * G4_BLOCKS + 16 * bits * pr;
+        uint8_t *a = blk + pr * bb + 2, *b = blk + (pr + 2) * bb + 2;
+        for (int c = 0; c < nch; c++) {
+            memcpy(a + 16 * c, q + 32 * c, 16);
+            memcpy(b + 16 * c, q + 32 * c + 16, 16);
+        }
+        if (bits != 3) continue;
+        memset(a + 16, 0, 8);
+        memset(b + 16, 0, 8);
+        for (int j = 0; j < 16; j++) {
+            for (int f = 0; f < 4; f++) {
+                const int sh = 2 * f + j / 8;
+                a[16 + j % 8] |= (uint8_t)(((q[32 + j] >> (2 * f)) & 1u) << sh);
+                b[16 + j % 8] |= (uint8_t)(((q[32 + j] >> (2 * f + 1)) & 1u) << sh);
+            }
+        }
+    }
+}
+
+static const struct sp_native_layout *g4_file(int bits) {
+    const enum sp_native_kind k = bits == 3 ? SP_NK_I3 : bits == 4 ? SP_NK_I4 : SP_NK_I6;
+    return &layouts[SP_NATIVE_ID(k, 1, SP_NS_F16) - SP_QTYPE_NATIVE_FIRST];
+}
+
+static void g4_repack(int bits, void *rows, int64_t n_rows, int64_t n, size_t stride) {
+    const size_t gb = (size_t)G4_BLOCKS * (size_t)(2 + 8 * bits);
+    uint8_t tmp[G4_BLOCKS * 50];
+    assert(n % SP_QK_G4 == 0);
+    for (int64_t r = 0; r < n_rows; r++) {
+        uint8_t *g = (uint8_t *)rows + (size_t)r * stride;
+        for (int64_t i = 0; i < n / SP_QK_G4; i++, g += gb) {
+            memcpy(tmp, g, gb);
+            g4_pack(bits, tmp, g);
+        }
+    }
+}
+
+static void g4_to_float(int bits, const void *restrict src, float *restrict dst, int64_t n) {
+    const size_t gb = (size_t)G4_BLOCKS * (size_t)(2 + 8 * bits);
+    uint8_t tmp[G4_BLOCKS * 50];
+    assert(n % SP_QK_G4 == 0);
+    const uint8_t *g = src;
+    for (int64_t i = 0; i < n / SP_QK_G4; i++, g += gb, dst += SP_QK_G4) {
+        g4_unpack(bits, g, tmp);
+        native_to_float(g4_file(bits), tmp, dst, SP_QK_G4);
+    }
+}
+
+/* The file type's reference order: one running sum over the row's blocks. */
+static void g4_vec_dot(int bits, int64_t n, float *restrict s, const void *restrict w, const void *restrict x) {
+    const size_t gb = (size_t)G4_BLOCKS * (size_t)(2 + 8 * bits);
+    uint8_t tmp[G4_BLOCKS * 50];
+    assert(n % SP_QK_G4 == 0);
+    const uint8_t *g = w;
+    const struct sp_x8_run *a = x;
+    float sum = 0;
+    for (int64_t i = 0; i < n / SP_QK_G4; i++, g += gb, a += SP_QK_G4 / SP_QR_X8) {
+        g4_unpack(bits, g, tmp);
+        sum = native_dot_acc(g4_file(bits), SP_QK_G4, sum, tmp, a);
+    }
     *s = sum;
 }
+
+#define G4_FNS(b)                                                                                                    \
+    void sp_native_g4_repack_i##b(void *rows, int64_t n_rows, int64_t n, size_t stride) {                           \
+        g4_repack(b, rows, n_rows, n, stride);                                                                      \
+    }                                                                                                              \
+    void sp_native_g4_to_float_i##b(const void *restrict src, float *restrict dst, int64_t n) {                    \
+        g4_to_float(b, src, dst, n);                                                                                \
+    }                                                                                                              \
+    void sp_native_g4_vec_dot_i##b(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) { \
+        g4_vec_dot(b, n, s, w, x);                                                                                  \
+    }
+G4_FNS(3)
+G4_FNS(4)
+G4_FNS(6)
 
 /* ---- x8_b128 activations ------------------------------------------------ */
 

@@ -239,4 +239,39 @@ sp_status sp_quantize_rows(uint32_t t, const float *src, int64_t n_rows, int64_t
  * stored.  SP_E_INVALID if t is not a native weight type. */
 sp_status sp_native_pack_block(uint32_t t, const int32_t *code, int nv, float d, float m, void *blk);
 
+/* ---- resident g4 layouts --------------------------------------------------
+ * The symmetric 64-blocks with FP16 scales (mem4's i3_b64, i4_b64, i6_b64)
+ * regrouped for the decode kernels, a resident layout only (quant.h): the
+ * pager makes it in place when it loads weights, files never hold it and
+ * no type name resolves to it.  Per group of 4 blocks (256 elements, the
+ * bytes of the 4 file blocks, rows whole groups):
+ *   - the 4 FP16 scales, block order (8 bytes);
+ *   - pair 0 (blocks 0 and 2), then pair 1 (blocks 1 and 3), 16 * bits
+ *     bytes each: every 16-byte chunk c of the pair's planes as
+ *     [chunk c of the first block | chunk c of the second], for INT4 the
+ *     two chunks of the 4-bit plane, for INT6 those and the 2-bit plane,
+ *     for INT3 the 2-bit plane -- then INT3's 1-bit planes as 16 bytes, in
+ *     which bit 2f of byte j is the first block's high bit of element
+ *     16f + j and bit 2f + 1 the second block's.
+ * One 32-byte load gives a pair's chunk side by side, as the file layout's
+ * decode builds it from two loads; INT3's high bits are one 16-byte load
+ * and one shift, and a group's scales one 8-byte load (docs/KERNELS.md). */
+#define SP_QTYPE_I3_B64_G4 1145u
+#define SP_QTYPE_I4_B64_G4 1146u
+#define SP_QTYPE_I6_B64_G4 1147u
+#define SP_QK_G4 256 /* elements per group */
+
+/* Repack rows (n a multiple of SP_QK_G4) from the file type to its g4 layout
+ * in place; the reference to_float / vec_dot of the g4 layouts read them as
+ * the file type's reference does, bit for bit. */
+void sp_native_g4_repack_i3(void *rows, int64_t n_rows, int64_t n, size_t stride);
+void sp_native_g4_repack_i4(void *rows, int64_t n_rows, int64_t n, size_t stride);
+void sp_native_g4_repack_i6(void *rows, int64_t n_rows, int64_t n, size_t stride);
+void sp_native_g4_to_float_i3(const void *restrict src, float *restrict dst, int64_t n);
+void sp_native_g4_to_float_i4(const void *restrict src, float *restrict dst, int64_t n);
+void sp_native_g4_to_float_i6(const void *restrict src, float *restrict dst, int64_t n);
+void sp_native_g4_vec_dot_i3(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
+void sp_native_g4_vec_dot_i4(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
+void sp_native_g4_vec_dot_i6(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
+
 #endif /* SP_QUANT_NATIVE_H */

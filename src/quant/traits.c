@@ -77,7 +77,7 @@ static const struct sp_qtraits ref_table[SP_QTYPE_COUNT] = {
  * pager repacks only where a SIMD gemm is registered. */
 static const struct {
     uint32_t id;
-    enum sp_qtype from; /* the file type it is made from */
+    uint32_t from; /* the file type it is made from */
     void (*repack)(void *rows, int64_t n_rows, int64_t n, size_t stride);
     struct sp_qtraits ref;
 } resident[] = {
@@ -87,7 +87,16 @@ static const struct {
     {SP_QTYPE_Q4_K_G8, SP_QTYPE_Q4_K, sp_q4_k_g8_repack,
      {.name = "Q4_K_g8", .block_elems = SP_QK_K, .block_bytes = 144, .vec_dot_type = SP_QTYPE_Q8_K,
       .to_float = sp_q4_k_g8_to_float_ref, .vec_dot = sp_vec_dot_q4_k_g8_q8_k_ref}},
+#define G4_RESIDENT(b, bytes)                                                                                        \
+    {SP_QTYPE_I##b##_B64_G4, SP_NATIVE_ID(SP_NK_I##b, 1, SP_NS_F16), sp_native_g4_repack_i##b,                         \
+     {.name = "i" #b "_b64_g4", .block_elems = SP_QK_G4, .block_bytes = bytes,                                      \
+      .vec_dot_type = (enum sp_qtype)SP_QTYPE_X8, .to_float = sp_native_g4_to_float_i##b,                          \
+      .vec_dot = sp_native_g4_vec_dot_i##b}},
+    G4_RESIDENT(3, 104) G4_RESIDENT(4, 136) G4_RESIDENT(6, 200)
+#undef G4_RESIDENT
 };
+static_assert(SP_QTYPE_I3_B64_G4 >= SP_QTYPE_NATIVE_FIRST + 64u + 4u * SP_NK_COUNT && SP_QTYPE_I6_B64_G4 < SP_QTYPE_Q4_K_G8,
+              "g4 ids past the native types, before the other resident layouts");
 static_assert(SP_QTYPE_Q4_0_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q4_0_G8 < SP_QTYPE_X8 &&
                   SP_QTYPE_Q4_K_G8 >= SP_QTYPE_NATIVE_FIRST && SP_QTYPE_Q4_K_G8 < SP_QTYPE_X8,
               "resident layout ids in the native range");
@@ -134,13 +143,15 @@ void sp_quant_init(void) {
         const char *isa = getenv("SPARROW_ISA");
         if (!isa || (strcmp(isa, "ref") && strcmp(isa, "avx2") && strcmp(isa, "avx512"))) {
             sp_gemm_fn before[SP_ARRAY_LEN(resident)];
-            for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++) before[k] = table[resident[k].from].gemm;
-            sp_quant_register_amx(table, sp_cpu_features());
-            /* AMX's prefill reads the file layouts: where it took a type's
-             * gemm, that type stays as it is (no resident gemm, so the pager
-             * does not repack it) */
             for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++)
-                if (table[resident[k].from].gemm != before[k]) ntable[resident[k].id - SP_QTYPE_NATIVE_FIRST].gemm = NULL;
+                before[k] = resident[k].from < SP_QTYPE_COUNT ? table[resident[k].from].gemm : NULL;
+            sp_quant_register_amx(table, sp_cpu_features());
+            /* AMX's prefill reads the file layouts (ggml's types): where it
+             * took a type's gemm, that type stays as it is (no resident
+             * gemm, so the pager does not repack it) */
+            for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++)
+                if (resident[k].from < SP_QTYPE_COUNT && table[resident[k].from].gemm != before[k])
+                    ntable[resident[k].id - SP_QTYPE_NATIVE_FIRST].gemm = NULL;
         }
     }
 #endif
