@@ -6,7 +6,9 @@
 # tokens (docs/QUANT.md).
 #
 # Environment: SPARROW (default build/sparrow), THREADS (2), N_PROMPT (16),
-# N_GEN (32), SPARROW_ARGS (extra bench arguments).  Needs python3.
+# N_GEN (128, llama-bench's tg: 32 tokens of a 7B model take 4 s, which a
+# neighbour's burst on a shared machine can swing by 20%), SPARROW_ARGS
+# (extra bench arguments).  Needs python3.
 set -eu
 [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: $0 FILE_A FILE_B [REPS]" >&2; exit 2; }
 A=$1
@@ -16,7 +18,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 SPARROW=${SPARROW:-$root/build/sparrow}
 THREADS=${THREADS:-2}
 N_PROMPT=${N_PROMPT:-16}
-N_GEN=${N_GEN:-32}
+N_GEN=${N_GEN:-128}
 SPARROW_ARGS=${SPARROW_ARGS:-}
 [ -x "$SPARROW" ] || { echo "ab.sh: no sparrow binary at '$SPARROW'" >&2; exit 2; }
 for f in "$A" "$B"; do [ -r "$f" ] || { echo "ab.sh: cannot read '$f'" >&2; exit 2; }; done

@@ -16,7 +16,9 @@
  *   build/bench/kernels [TYPE...]      e.g. build/bench/kernels Q4_0 Q8_0 i4_b64
  * Sparrow's native types (quant/native.h) are listed after ggml's; with no
  * TYPE arguments a representative few of them run.  The resident layouts
- * repack of Q4_0 the engine multiplies, quant.h) runs when named.
+ * (Q4_0_g8, Q4_K_g8, i3/i4/i6_b64_g4: repacks the engine multiplies, quant.h
+ * and native.h) run in the single-thread table when named, in the threaded
+ * one also with no TYPE arguments.
  *   SPARROW_BENCH_MB=64                size of the streamed matrix (default 256)
  *   SPARROW_BENCH_THREADS=2            threads of the last table (default: online CPUs)
  */
