@@ -729,7 +729,9 @@ static void test_simd_dot(const struct test_level *l) {
     free(fb);
 }
 
-/* gemm against the same level's vec_dot: every (row, token) bit for bit,
+/* gemm against the same level's vec_dot (batches of the symmetric and
+ * non-uniform kinds, which take the Q8_0 gemm's tiles: against the
+ * reference vec_dot): every (row, token) bit for bit,
  * nothing written outside the output, no allocation.  One token takes the
  * decode path where a type has one (x86: the symmetric 64-blocks), which
  * sums the same exact run sums in another float order: within
@@ -775,7 +777,9 @@ static void test_simd_gemm(const struct test_level *l) {
                                 continue;
                             }
                             float s = 0;
-                            tr->vec_dot(n, &s, w + (size_t)r * ws, x + (size_t)i * xs);
+                            /* batches of the symmetric and non-uniform kinds: the reference's order */
+                            (nt > 1 && !t->asym ? sp_qtraits_ref(t->id) : tr)
+                                ->vec_dot(n, &s, w + (size_t)r * ws, x + (size_t)i * xs);
                             bool ok = v == s;
                             if (!ok && nt == 1) {
                                 double mag;
