@@ -729,6 +729,21 @@ static void test_simd_dot(const struct test_level *l) {
     free(fb);
 }
 
+/* y[0 .. max_tok * ldy) set to a sentinel, then tr's gemm of nr rows and nt
+ * tokens: checks that it allocated nothing and returns how many values
+ * outside the nt x nr output it changed. */
+static int gemm_fenced(const struct sp_qtraits *tr, const char *what, int64_t n, const uint8_t *w, size_t ws, int64_t nr,
+                       const uint8_t *x, size_t xs, int64_t nt, float *y, int64_t ldy, int64_t max_tok) {
+    for (int64_t i = 0; i < max_tok * ldy; i++) y[i] = -12345.0f;
+    const uint64_t allocs = sp_alloc_count();
+    tr->gemm(n, w, ws, nr, x, xs, nt, y, ldy);
+    CHECKF(sp_alloc_count() == allocs, "%s gemm allocated", what);
+    int outside = 0;
+    for (int64_t i = 0; i < max_tok; i++)
+        for (int64_t r = 0; r < ldy; r++) outside += (i >= nt || r >= nr) && y[i * ldy + r] != -12345.0f;
+    return outside;
+}
+
 /* gemm against the same level's vec_dot (batches of the symmetric and
  * non-uniform kinds, which take the Q8_0 gemm's tiles: against the
  * reference vec_dot): every (row, token) bit for bit,
@@ -765,17 +780,10 @@ static void test_simd_gemm(const struct test_level *l) {
             for (size_t ri = 0; ri < SP_ARRAY_LEN(rows); ri++) {
                 for (size_t ti = 0; ti < SP_ARRAY_LEN(toks); ti++) {
                     const int64_t nr = rows[ri], nt = toks[ti];
-                    for (int64_t i = 0; i < max_tok * ldy; i++) y[i] = -12345.0f;
-                    const uint64_t allocs = sp_alloc_count();
-                    tr->gemm(n, w, ws, nr, x, xs, nt, y, ldy);
-                    CHECKF(sp_alloc_count() == allocs, "%s %s gemm allocated", l->name, t->name);
-                    for (int64_t i = 0; i < max_tok; i++) {
-                        for (int64_t r = 0; r < ldy; r++) {
+                    bad += gemm_fenced(tr, t->name, n, w, ws, nr, x, xs, nt, y, ldy, max_tok);
+                    for (int64_t i = 0; i < nt; i++) {
+                        for (int64_t r = 0; r < nr; r++) {
                             const float v = y[i * ldy + r];
-                            if (i >= nt || r >= nr) {
-                                bad += v != -12345.0f;
-                                continue;
-                            }
                             float s = 0;
                             /* batches of the symmetric and non-uniform kinds: the reference's order */
                             (nt > 1 && !t->asym ? sp_qtraits_ref(t->id) : tr)
@@ -883,16 +891,11 @@ static void test_simd_g4(const struct test_level *l) {
             for (size_t ri = 0; ri < SP_ARRAY_LEN(rows) && got->gemm; ri++) {
                 for (size_t ti = 0; ti < SP_ARRAY_LEN(toks); ti++) {
                     const int64_t nr = rows[ri], nt = toks[ti];
-                    for (int64_t i = 0; i < max_tok * ldy; i++) y[i] = -12345.0f;
-                    const uint64_t allocs = sp_alloc_count();
-                    got->gemm(n, wg, ws, nr, x, xs, nt, y, ldy);
-                    CHECKF(sp_alloc_count() == allocs, "%s %s gemm allocated", l->name, ref->name);
-                    for (int64_t i = 0; i < max_tok; i++) {
-                        for (int64_t r = 0; r < ldy; r++) {
+                    bad += gemm_fenced(got, ref->name, n, wg, ws, nr, x, xs, nt, y, ldy, max_tok);
+                    for (int64_t i = 0; i < nt; i++) {
+                        for (int64_t r = 0; r < nr; r++) {
                             const float v = y[i * ldy + r];
-                            const bool ok = i >= nt || r >= nr ? v == -12345.0f
-                                                               : v == (nt == 1 ? sv : sr)[i * max_rows + r];
-                            if (!ok && bad++ < 3)
+                            if (v != (nt == 1 ? sv : sr)[i * max_rows + r] && bad++ < 3)
                                 fprintf(stderr, "%s %s gemm n %lld rows %lld tok %lld: y[%lld][%lld] %.9g\n", l->name,
                                         ref->name, (long long)n, (long long)nr, (long long)nt, (long long)i,
                                         (long long)r, v);
