@@ -215,6 +215,7 @@ static void native_vec_dot(const struct sp_native_layout *L, int64_t n, float *r
  * reads a group by unpacking it. */
 
 #define G4_BLOCKS (SP_QK_G4 / 64)
+#define G4_MAX_BYTES (G4_BLOCKS * (2 + 8 * 6)) /* a group of INT6, the widest */
 
 /* 4 file blocks (2 + 8 * bits bytes each) -> group g. */
 static void g4_pack(int bits, const uint8_t *blk, uint8_t *g) {
@@ -269,9 +270,14 @@ static const struct sp_native_layout *g4_file(int bits) {
     return &layouts[SP_NATIVE_ID(k, 1, SP_NS_F16) - SP_QTYPE_NATIVE_FIRST];
 }
 
+/* Bytes of a group: those of its 4 file blocks. */
+static size_t g4_bytes(int bits) {
+    return (size_t)G4_BLOCKS * g4_file(bits)->bytes;
+}
+
 static void g4_repack(int bits, void *rows, int64_t n_rows, int64_t n, size_t stride) {
-    const size_t gb = (size_t)G4_BLOCKS * (size_t)(2 + 8 * bits);
-    uint8_t tmp[G4_BLOCKS * 50];
+    const size_t gb = g4_bytes(bits);
+    uint8_t tmp[G4_MAX_BYTES];
     assert(n % SP_QK_G4 == 0);
     for (int64_t r = 0; r < n_rows; r++) {
         uint8_t *g = (uint8_t *)rows + (size_t)r * stride;
@@ -283,8 +289,8 @@ static void g4_repack(int bits, void *rows, int64_t n_rows, int64_t n, size_t st
 }
 
 static void g4_to_float(int bits, const void *restrict src, float *restrict dst, int64_t n) {
-    const size_t gb = (size_t)G4_BLOCKS * (size_t)(2 + 8 * bits);
-    uint8_t tmp[G4_BLOCKS * 50];
+    const size_t gb = g4_bytes(bits);
+    uint8_t tmp[G4_MAX_BYTES];
     assert(n % SP_QK_G4 == 0);
     const uint8_t *g = src;
     for (int64_t i = 0; i < n / SP_QK_G4; i++, g += gb, dst += SP_QK_G4) {
@@ -295,8 +301,8 @@ static void g4_to_float(int bits, const void *restrict src, float *restrict dst,
 
 /* The file type's reference order: one running sum over the row's blocks. */
 static void g4_vec_dot(int bits, int64_t n, float *restrict s, const void *restrict w, const void *restrict x) {
-    const size_t gb = (size_t)G4_BLOCKS * (size_t)(2 + 8 * bits);
-    uint8_t tmp[G4_BLOCKS * 50];
+    const size_t gb = g4_bytes(bits);
+    uint8_t tmp[G4_MAX_BYTES];
     assert(n % SP_QK_G4 == 0);
     const uint8_t *g = w;
     const struct sp_x8_run *a = x;
