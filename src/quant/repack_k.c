@@ -22,11 +22,6 @@ static inline int g8k_byte(int k, int e) {
     return 32 * ((e % 16) / 4) + 4 * k + e % 4;
 }
 
-/* Q4_K's qs: element e of sub-block k is nibble k % 2 of byte 32 (k / 2) + e. */
-static inline int q4k_get(const uint8_t *qs, int k, int e) {
-    return (qs[32 * (k / 2) + e] >> (4 * (k % 2))) & 0x0f;
-}
-
 static inline uint64_t ld64(const uint8_t *p) {
     uint64_t v;
     memcpy(&v, p, 8);
