@@ -56,8 +56,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 /* Well-formed UTF-8 (no overlong forms, surrogates or code points past
- * U+10FFFF): the input on which the BPE round trip must be exact. */
-static int utf8_ok(const unsigned char *s, size_t n) {
+ * U+10FFFF): the input on which a round trip must be exact.  Stricter than
+ * the tokenizers' own reading of text (bpe.c's clean_utf8 follows
+ * llama.cpp), on purpose: only unambiguous input is checked. */
+static bool utf8_ok(const unsigned char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         const unsigned c = s[i];
         /* sequence length by lead byte; 0: never a lead (continuation, 0xC0, 0xC1, 0xF5-0xFF) */
@@ -66,18 +68,18 @@ static int utf8_ok(const unsigned char *s, size_t n) {
                            : c >= 0xe0 && c <= 0xef ? 3
                            : c >= 0xf0 && c <= 0xf4 ? 4
                                                     : 0;
-        if (len == 0 || n - i < len) return 0;
+        if (len == 0 || n - i < len) return false;
         unsigned cp = len == 1 ? c : c & (0x7fu >> len);
         for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return 0;
+            if ((s[i + k] & 0xc0) != 0x80) return false;
             cp = cp << 6 | (s[i + k] & 0x3f);
         }
         if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
             (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-            return 0;
+            return false;
         i += len;
     }
-    return 1;
+    return true;
 }
 
 /* Encode, render every piece, decode; compare where the round trip is exact. */
