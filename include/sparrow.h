@@ -435,6 +435,8 @@ struct sp_eval_result {
                              in progress reports (computed at the end) */
     double kl_max;        /* NaN without a reference */
     double top1_agree;    /* in [0, 1]; NaN without a reference */
+    double kv_bits_per_value; /* the model's KV cache: bytes stored x 8 / values
+                                 stored, with the cache full (n_ctx tokens) */
 };
 
 /* Called after each chunk with the running results (kl_p99 NaN).  Return
@@ -448,6 +450,15 @@ struct sp_eval_params {
     int32_t n_threads;    /* 0 = one */
     enum sp_kv_type kv_type_k, kv_type_v;         /* the model's cache (default f32) */
     enum sp_kv_type ref_kv_type_k, ref_kv_type_v; /* the reference's (default f32) */
+    /* Streaming instead of chunks: all n_tokens tokens go through one
+     * session of n_ctx tokens with context shift, one token per decode, so
+     * each prediction sees the last tokens that fit the window (plus the
+     * first n_keep, the attention sinks).  Scored: every position from
+     * n_ctx/2 on (as many as chunks would give each its context), n_chunks
+     * = 1.  Tests StreamingLLM-style eviction against chunked evaluation. */
+    bool stream;
+    int32_t n_keep;       /* stream: tokens kept at the start (sinks) */
+    int32_t n_discard;    /* stream: tokens one shift drops; 0 = 1, a sliding window */
     sp_eval_progress_fn progress; /* NULL = no reports */
     void *progress_user;
 };
