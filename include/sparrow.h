@@ -249,7 +249,12 @@ void sp_session_reset(struct sp_session *s);
  * position and compute the logits of the last one (of all n with logits_all).
  * Returns SP_E_CONTEXT_FULL (nothing consumed) if n_past + n would exceed
  * n_ctx, SP_E_INVALID for an id outside the vocabulary, n <= 0, or (with
- * logits_all) n > n_batch.  Never allocates. */
+ * logits_all) n > n_batch.  Never allocates.
+ * SP_E_IO when a streamed weight could not be read (a memory budget; the
+ * message names the file and the offset), after the bounded retries of
+ * transient errors docs/RELIABILITY.md describes: nothing is consumed and no
+ * logits are left (sp_sample says SP_E_STATE), and the same call may be made
+ * again once storage reads again. */
 sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n);
 
 /* Logits of the last decoded token: n_vocab floats, owned by the session,

@@ -388,6 +388,11 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
                       n, s->n_past, s->n_ctx);
     }
     sp_moe_trace_clear(s->fwd);
+    /* All or nothing: a pass that fails (a weight read the pager gave up on)
+     * leaves n_past and the penalty history as they were, so the caller may
+     * repeat the call; the KV rows it wrote lie past n_past and are
+     * overwritten by that next pass. */
+    const uint32_t n_past0 = s->n_past;
     for (int32_t i = 0; i < n; i += (int32_t)s->n_batch) {
         const uint32_t nb = (uint32_t)SP_MIN((int32_t)s->n_batch, n - i);
         const bool last = i + (int32_t)nb == n;
@@ -396,12 +401,13 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
                                   s->p.logits_all);
         sp_pager_turn_end(s->model->pager);
         if (rc) {
+            s->n_past = n_past0;
             s->n_logits = 0;
             return rc;
         }
         s->n_past += nb;
-        for (uint32_t j = 0; j < nb; j++) sp_sampler_accept(s->sampler, tokens[i + (int32_t)j]);
     }
+    for (int32_t i = 0; i < n; i++) sp_sampler_accept(s->sampler, tokens[i]);
     s->n_last = (uint32_t)n;
     s->n_logits = s->p.logits_all ? (uint32_t)n : 1;
     return SP_OK;
