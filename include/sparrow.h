@@ -521,7 +521,8 @@ struct sp_quantize_result {
  * temporary file renamed into place when complete: on any failure or a
  * cancel nothing is left and an existing file at output is untouched.
  * out (may be NULL) receives the summary.  Returns SP_OK, SP_E_INVALID (bad
- * parameters, unknown policy, pruning the format cannot express),
+ * parameters, unknown policy, pruning the format cannot express, an output
+ * that is one of the files read -- by inode -- refused before any work),
  * SP_E_FORMAT (a malformed policy file: the message names the line),
  * SP_E_UNSUPPORTED (an input tensor type the quantizer does not read),
  * SP_E_IO, SP_E_NOMEM, SP_E_STATE (cancelled by on_tensor). */

@@ -14,6 +14,7 @@
 #include "test_util.h"
 
 #include <dirent.h>
+#include <sys/wait.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -780,11 +781,27 @@ static void test_writer(void) {
     /* Misuse and incomplete files. */
     const char *pe = tmp_path("err.gguf");
     char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", pe, (long)getpid());
+    snprintf(tmp, sizeof tmp, "%s.sparrow-tmp.%ld", pe, (long)getpid());
+    /* Leftovers of killed writers of pe: a dead process's is removed when
+     * the next writer opens, a live one's (pid 1) is left alone. */
+    char dead[640], live[640];
+    const pid_t child = fork();
+    if (child == 0) _exit(0);
+    waitpid(child, NULL, 0);
+    snprintf(dead, sizeof dead, "%s.sparrow-tmp.%ld", pe, (long)child);
+    snprintf(live, sizeof live, "%s.sparrow-tmp.1", pe);
+    for (int k = 0; k < 2; k++) {
+        FILE *lf = fopen(k ? live : dead, "wb");
+        CHECK(lf && fputs("GGUF partial", lf) >= 0);
+        if (lf) fclose(lf);
+    }
     struct sp_gguf_writer *w;
     const int64_t ne[2] = {32, 2};
     CHECK(sp_gguf_writer_open(pe, 0, &w) == SP_OK);
     CHECK(access(tmp, F_OK) == 0);
+    CHECKF(access(dead, F_OK) != 0, "the leftover of a dead writer %s is still there", dead);
+    CHECKF(access(live, F_OK) == 0, "the temporary file of a live process %s was removed", live);
+    unlink(live);
     CHECK(sp_gguf_writer_add_tensor(w, "a", SP_QTYPE_Q8_0, 2, ne) == SP_OK);
     EXPECT_ERR(sp_gguf_writer_add_tensor(w, "a", SP_QTYPE_F32, 2, ne), SP_E_INVALID, "duplicate tensor name 'a'");
     EXPECT_ERR(sp_gguf_writer_add_tensor(w, "b", 99, 2, ne), SP_E_INVALID, "unknown type id 99");
@@ -799,13 +816,21 @@ static void test_writer(void) {
     EXPECT_ERR(sp_gguf_writer_set(w, "x", &bad_arr), SP_E_INVALID, "array item 1 has type u32");
     uint8_t data[68] = {0};
     CHECK(sp_gguf_writer_write(w, data, 30) == SP_OK);
+    {   /* the header is out, but the magic comes last: no reader takes it for a model */
+        uint8_t *part = NULL;
+        size_t n_part = 0;
+        fflush(NULL);
+        part = read_whole(tmp, &n_part);
+        CHECKF(part && n_part >= 4 && memcmp(part, "GGUF", 4) != 0, "a partial file starts with the GGUF magic");
+        free(part);
+    }
     EXPECT_ERR(sp_gguf_writer_set_u32(w, "late", 1), SP_E_STATE, "frozen");
     EXPECT_ERR(sp_gguf_writer_finish(w), SP_E_STATE, "tensor 'a' has 30 of its 68 bytes written");
     EXPECT_ERR(sp_gguf_writer_write(w, data, 39), SP_E_INVALID, "1 bytes more than the declared tensors hold");
     sp_gguf_writer_free(w);
     CHECKF(access(tmp, F_OK) != 0 && access(pe, F_OK) != 0, "free without finish left %s or %s", tmp, pe);
     EXPECT_ERR(sp_gguf_writer_open(pe, 48, &w), SP_E_INVALID, "power of two");
-    EXPECT_ERR(sp_gguf_writer_open("/nonexistent-dir/x.gguf", 0, &w), SP_E_IO, "/nonexistent-dir/x.gguf.tmp.");
+    EXPECT_ERR(sp_gguf_writer_open("/nonexistent-dir/x.gguf", 0, &w), SP_E_IO, "/nonexistent-dir/x.gguf.sparrow-tmp.");
 
     /* A metadata-only file (no tensors) round-trips and opens as vocab_only-less GGUF. */
     CHECK(sp_gguf_writer_open(pe, 0, &w) == SP_OK);

@@ -12,14 +12,92 @@
  */
 #include "file.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+/* ---- writing a file whole or not at all ----------------------------------- */
+
+/* path split into its folder ("." when none) and base name; sp_malloc'd. */
+static char *dir_of(const char *path, const char **base) {
+    const char *slash = strrchr(path, '/');
+    *base = slash ? slash + 1 : path;
+    if (!slash) return sp_strdup(".");
+    return slash == path ? sp_strdup("/") : sp_strndup(path, (size_t)(slash - path));
+}
+
+int sp_file_tmp_sweep(const char *path) {
+    const char *base;
+    char *dir = dir_of(path, &base);
+    DIR *d = dir ? opendir(dir) : NULL;
+    int removed = 0;
+    const size_t nb = strlen(base), nt = strlen(SP_FILE_TMP_TAG);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const char *n = e->d_name;
+        if (strncmp(n, base, nb) != 0 || strncmp(n + nb, SP_FILE_TMP_TAG, nt) != 0) continue;
+        char *end;
+        errno = 0;
+        const long pid = strtol(n + nb + nt, &end, 10);
+        if (errno || end == n + nb + nt || *end || pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* its writer may still be at work */
+        if (unlinkat(dirfd(d), n, 0) == 0) {
+            SP_LOG_I("removed '%s/%s', the temporary file of an interrupted writer (process %ld, gone)", dir, n, pid);
+            removed++;
+        }
+    }
+    if (d) closedir(d);
+    sp_free(dir);
+    return removed;
+}
+
+sp_status sp_file_tmp_create(const char *path, char **tmp_path, int *fd) {
+    *tmp_path = NULL;
+    *fd = -1;
+    (void)sp_file_tmp_sweep(path);
+    const size_t n = strlen(path) + strlen(SP_FILE_TMP_TAG) + 24;
+    char *t = sp_malloc(n);
+    if (!t) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    snprintf(t, n, "%s" SP_FILE_TMP_TAG "%ld", path, (long)getpid());
+    const int f = open(t, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (f < 0) {
+        const sp_status rc = sp_err(SP_E_IO, "%s: cannot create '%s': %s", __func__, t, strerror(errno));
+        sp_free(t);
+        return rc;
+    }
+    *tmp_path = t;
+    *fd = f;
+    return SP_OK;
+}
+
+sp_status sp_file_tmp_commit(int fd, const char *tmp_path, const char *path) {
+    if (fsync(fd) != 0) return sp_err(SP_E_IO, "%s: flushing '%s' failed: %s", __func__, tmp_path, strerror(errno));
+    if (rename(tmp_path, path) != 0) {
+        return sp_err(SP_E_IO, "%s: renaming '%s' to '%s' failed: %s", __func__, tmp_path, path, strerror(errno));
+    }
+    /* Make the rename durable; failure here loses nothing already written. */
+    const char *base;
+    char *dir = dir_of(path, &base);
+    const int dfd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
+    sp_free(dir);
+    return SP_OK;
+}
+
+bool sp_file_same(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
 
 /* ---- the read primitive and its fault hook -------------------------------
  * The hook is global (as the allocator hook is) and costs one relaxed load

@@ -9,6 +9,7 @@
 
 #include "core.h"
 
+#include <stdbool.h>
 #include <sys/types.h>
 
 struct sp_file;
@@ -43,6 +44,34 @@ ssize_t sp_file_pread(int fd, void *dst, size_t n, uint64_t off);
  * only at end of file), or the errno of the last try with *got bytes read
  * before the failing offset (off + *got).  EINVAL is not retried. */
 int sp_file_pread_all(int fd, void *dst, size_t n, uint64_t off, size_t *got);
+
+/* ---- writing a file whole or not at all -----------------------------------
+ * Writers (the GGUF writer: quantize, synth; later packages and session
+ * files) write "<path>.sparrow-tmp.<pid>" in the target's folder, fsync it
+ * and rename it over path, so path is either absent, the old file or the
+ * complete new one, whatever instant the process is killed at.  A temporary
+ * a killed process left is recognisable by that name (never a model's
+ * name: nothing globs it as one) and removed by the next writer of the same
+ * path once its process is gone. */
+#define SP_FILE_TMP_TAG ".sparrow-tmp."
+
+/* Remove what killed writers of path left: "<path>.sparrow-tmp.<pid>" whose
+ * process no longer exists (another live writer's file is left alone).
+ * Returns how many were removed (each logged at info level). */
+int sp_file_tmp_sweep(const char *path);
+
+/* Sweep, then create and open the temporary file for path (write-only,
+ * truncated, mode 0644).  *tmp_path (sp_malloc'd, the caller frees) and
+ * *fd on success; SP_E_IO naming the file, SP_E_NOMEM. */
+sp_status sp_file_tmp_create(const char *path, char **tmp_path, int *fd);
+
+/* fsync fd, rename tmp_path over path, fsync the folder.  fd stays open
+ * (the caller closes it).  SP_E_IO naming the step that failed. */
+sp_status sp_file_tmp_commit(int fd, const char *tmp_path, const char *path);
+
+/* True when a and b name the same existing file (same device and inode:
+ * hard links and symbolic links included). */
+bool sp_file_same(const char *a, const char *b);
 
 /* ---- fault injection (tests; SQLite's faultsim in spirit) ----------------
  * Arm: calls of sp_file_pread are numbered from 1 after sp_file_fault_set;

@@ -10,6 +10,8 @@
  */
 #include "gguf.h"
 
+#include "core/file.h"
+
 #include "quant/native.h"
 #include "quant/quant.h"
 
@@ -611,10 +613,13 @@ struct sp_gguf_writer {
     uint64_t header_bytes; /* bytes written before the data section */
 };
 
-/* Open a writer whose output goes to "<path>.tmp.<pid>" until finish renames
- * it over path.  alignment: 0 for GGUF's default (32), else a power of two;
- * a non-default one is recorded as general.alignment.  Returns SP_OK and
- * *out, SP_E_INVALID, SP_E_IO (the temporary file cannot be created) or
+/* Open a writer whose output goes to a temporary file beside path
+ * ("<path>.sparrow-tmp.<pid>", core/file.h; leftovers of killed writers of
+ * path are removed first) until finish renames it over path.  The magic is
+ * written last, so the temporary is never a GGUF file, even renamed by hand.
+ * alignment: 0 for GGUF's default (32), else a power of two; a non-default
+ * one is recorded as general.alignment.  Returns SP_OK and *out,
+ * SP_E_INVALID, SP_E_IO (the temporary file cannot be created) or
  * SP_E_NOMEM. */
 sp_status sp_gguf_writer_open(const char *path, uint32_t alignment, struct sp_gguf_writer **out) {
     sp_status rc;
@@ -627,19 +632,13 @@ sp_status sp_gguf_writer_open(const char *path, uint32_t alignment, struct sp_gg
     struct sp_gguf_writer *w = sp_calloc(1, sizeof(*w));
     if (!w) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     w->alignment = alignment;
-    const size_t n = strlen(path) + 32;
     w->path = sp_strdup(path);
-    w->tmp_path = sp_malloc(n);
-    if (!w->path || !w->tmp_path) {
+    if (!w->path) {
         rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
         goto fail;
     }
-    snprintf(w->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = sp_err(SP_E_IO, "%s: cannot create '%s': %s", __func__, w->tmp_path, strerror(errno));
-        goto fail;
-    }
+    int fd;
+    if ((rc = sp_file_tmp_create(path, &w->tmp_path, &fd))) goto fail;
     w->fp = fdopen(fd, "wb");
     if (!w->fp) {
         rc = sp_err(SP_E_IO, "%s: fdopen '%s': %s", __func__, w->tmp_path, strerror(errno));
@@ -910,7 +909,7 @@ static sp_status wr_value(struct sp_gguf_writer *w, const struct sp_meta_value *
 
 /* Header, metadata, directory, then padding up to the data section. */
 static sp_status write_header(struct sp_gguf_writer *w) {
-    sp_status rc = wr(w, "GGUF", 4);
+    sp_status rc = wr_zeros(w, 4); /* the magic comes last (sp_gguf_writer_finish) */
     if (!rc) rc = wr_u32(w, 3);
     if (!rc) rc = wr_u64(w, w->n_t);
     if (!rc) rc = wr_u64(w, w->n_kv);
@@ -1003,29 +1002,18 @@ sp_status sp_gguf_writer_finish(struct sp_gguf_writer *w) {
     FILE *fp = w->fp;
     w->fp = NULL;
     w->failed = true; /* until the rename succeeds */
-    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
-        rc = sp_err(SP_E_IO, "%s: flushing '%s' failed: %s", __func__, w->tmp_path, strerror(errno));
+    if (fflush(fp) != 0 || pwrite(fileno(fp), "GGUF", 4, 0) != 4) {
+        rc = sp_err(SP_E_IO, "%s: writing '%s' failed: %s", __func__, w->tmp_path, strerror(errno));
         fclose(fp);
         return rc;
     }
-    if (fclose(fp) != 0) return sp_err(SP_E_IO, "%s: closing '%s' failed: %s", __func__, w->tmp_path, strerror(errno));
-    if (rename(w->tmp_path, w->path) != 0) {
-        return sp_err(SP_E_IO, "%s: renaming '%s' to '%s' failed: %s", __func__, w->tmp_path, w->path, strerror(errno));
+    rc = sp_file_tmp_commit(fileno(fp), w->tmp_path, w->path);
+    if (fclose(fp) != 0 && !rc) {
+        rc = sp_err(SP_E_IO, "%s: closing '%s' failed: %s", __func__, w->path, strerror(errno));
     }
+    if (rc) return rc;
     w->failed = false;
     w->finished = true;
-    /* Make the rename durable; failure here loses nothing already written. */
-    char *dir = sp_strdup(w->path);
-    if (dir) {
-        char *slash = strrchr(dir, '/');
-        const char *d = slash ? (slash == dir ? "/" : (*slash = '\0', dir)) : ".";
-        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
-        sp_free(dir);
-    }
     return SP_OK;
 }
 
