@@ -469,6 +469,23 @@ out:
     memcpy(hdr, "24ka\x02\x00\x00\x00", 8);
     write_file(cut, hdr, 28);
     EXPECT_ERR(sp_model_file_open(cut, tok, false, &mf), SP_E_UNSUPPORTED, "version 2");
+    /* An absurd seq_len (the trained context) in a file without the
+     * freq_cis tables, whose size then does not depend on it. */
+    memcpy(hdr, p, 28);
+    hdr[24] = 0xff, hdr[25] = 0xff, hdr[26] = 0xff, hdr[27] = 0x7f;
+    {
+        const size_t freq = 512 * 8 * 4; /* seq_len x head_size x 2 tables x 4 bytes, as stored */
+        uint8_t *q = malloc(n);
+        memcpy(q, p, n);
+        memcpy(q, hdr, 28);
+        write_file(cut, q, n - freq);
+        EXPECT_ERR(sp_model_file_open(cut, tok, false, &mf), SP_E_FORMAT, "seq_len=2147483647 is inconsistent");
+        memcpy(q, p, 28);
+        write_file(cut, q, n - freq);
+        CHECKF(sp_model_file_open(cut, tok, false, &mf) == SP_OK, "no freq_cis: %s", sp_last_error());
+        sp_model_file_free(mf);
+        free(q);
+    }
     /* Negative vocab_size: unshared classifier, expected after freq_cis. */
     memcpy(hdr, p, 28);
     hdr[20] = 0x00, hdr[21] = 0xfe, hdr[22] = 0xff, hdr[23] = 0xff; /* -512 */
@@ -921,6 +938,9 @@ static void m_ctx_u8(struct sp_gguf_writer *w, const char *a) {
 static void m_ctx_str(struct sp_gguf_writer *w, const char *a) {
     sp_gguf_writer_set_str(w, akey(a, "context_length"), "4096");
 }
+static void m_ctx_absurd(struct sp_gguf_writer *w, const char *a) {
+    sp_gguf_writer_set_u32(w, akey(a, "context_length"), 0xFFFFFFFFu);
+}
 static void m_layers_neg(struct sp_gguf_writer *w, const char *a) {
     struct sp_meta_value v = mv_i(SP_META_I32, -1);
     sp_gguf_writer_set(w, akey(a, "block_count"), &v);
@@ -1069,6 +1089,7 @@ static void test_model_keys(void) {
     } bad[] = {
         {"mamba", NULL, SP_E_UNSUPPORTED, "'general.architecture' = 'mamba'"},
         {"llama", m_ctx_str, SP_E_FORMAT, "'llama.context_length' has type string"},
+        {"llama", m_ctx_absurd, SP_E_FORMAT, "context_length is absurd"},
         {"llama", m_layers_neg, SP_E_FORMAT, "'llama.block_count' = -1 is out of range"},
         {"llama", m_no_embd, SP_E_FORMAT, "'llama.embedding_length' has type bool"},
         {"llama", m_heads_arr_diff, SP_E_UNSUPPORTED, "'llama.attention.head_count_kv' has per-layer values that differ"},
@@ -1192,6 +1213,32 @@ static void test_corrupt(void) {
         sp_model_file_free(mf);
         mf = NULL;
     }
+    /* Two tensors whose data overlap (the second starts inside the first),
+     * and a Q8_0 tensor whose type is changed to F32 (34 -> 128 bytes: it
+     * claims its neighbour's); side by side they are fine. */
+    const uint64_t ne_row[1] = {32};
+    const struct {
+        uint32_t type_a;
+        uint64_t off_b;
+        bool ok;
+    } pairs[] = {{SP_QTYPE_F32, 128, true}, {SP_QTYPE_F32, 96, false}, {SP_QTYPE_Q8_0, 64, true}, {SP_QTYPE_F32, 64, false}};
+    for (size_t k = 0; k < SP_ARRAY_LEN(pairs); k++) {
+        b.n = 0, b_header(&b, 3, 2, 1), b_kv_str(&b, "general.architecture", "llama");
+        b_tensor(&b, "blk.0.a", 1, ne_row, pairs[k].type_a, 0), b_tensor(&b, "blk.0.b", 1, ne_row, SP_QTYPE_F32, pairs[k].off_b);
+        b_align(&b, 32), b_zeros(&b, 256);
+        if (pairs[k].ok) {
+            CHECKF(gguf_mem(b.p, b.n, NULL) == SP_OK, "pair %zu: %s", k, sp_last_error());
+        } else {
+            EXPECT_ERR(gguf_mem(b.p, b.n, NULL), SP_E_FORMAT, "tensors 'blk.0.a'");
+            EXPECT_ERR(gguf_mem(b.p, b.n, NULL), SP_E_FORMAT, "and 'blk.0.b'");
+            EXPECT_ERR(gguf_mem(b.p, b.n, NULL), SP_E_FORMAT, "overlap");
+        }
+    }
+    b.n = 0, b_header(&b, 3, 2, 1), b_kv_str(&b, "general.architecture", "llama");
+    b_tensor(&b, "blk.0.b", 1, ne_row, SP_QTYPE_F32, 128), b_tensor(&b, "blk.0.a", 1, ne_row, SP_QTYPE_F32, 0);
+    b_align(&b, 32), b_zeros(&b, 256);
+    CHECKF(gguf_mem(b.p, b.n, NULL) == SP_OK, "directory out of file order: %s", sp_last_error());
+
     b.n = 0, b_simple(&b, 2, ne2, SP_QTYPE_F32, 0, 63);
     EXPECT_ERR(gguf_mem(b.p, b.n, NULL), SP_E_FORMAT, "tensor 'w' data [");
     EXPECT_ERR(gguf_mem(b.p, b.n, NULL), SP_E_FORMAT, "past end of file");

@@ -127,6 +127,42 @@ static void nameset_free(struct nameset *s) {
  * Reader
  * ======================================================================== */
 
+struct span {
+    uint64_t start, end;
+    uint32_t i;
+};
+
+static int span_cmp(const void *a, const void *b) {
+    const struct span *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start ? 1 : (x->i > y->i) - (x->i < y->i);
+}
+
+/* No two tensors' data may share a byte: a directory whose ranges overlap
+ * (a type changed without moving the neighbours, say) would let one tensor
+ * be read as another's.  Offsets are absolute and checked against the file
+ * size; empty tensors overlap nothing. */
+static sp_status check_overlap(const struct sp_model_file *mf, const char *path) {
+    if (mf->n_tensors < 2) return SP_OK;
+    struct span *s = sp_malloc((size_t)mf->n_tensors * sizeof *s);
+    if (!s) return sp_err(SP_E_NOMEM, "sp_gguf_read: out of memory");
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        const struct sp_tensor_desc *t = &mf->tensors[i];
+        if (t->size) s[n++] = (struct span){t->offset, t->offset + t->size, i};
+    }
+    qsort(s, n, sizeof *s, span_cmp);
+    sp_status rc = SP_OK;
+    for (uint32_t k = 1; k < n && !rc; k++) {
+        if (s[k].start >= s[k - 1].end) continue;
+        const struct sp_tensor_desc *a = &mf->tensors[s[k - 1].i], *b = &mf->tensors[s[k].i];
+        rc = sp_err(SP_E_FORMAT, "sp_gguf_read: '%s': the data of tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
+                    path, a->name, (unsigned long long)s[k - 1].start, (unsigned long long)s[k - 1].end, b->name,
+                    (unsigned long long)s[k].start, (unsigned long long)s[k].end);
+    }
+    sp_free(s);
+    return rc;
+}
+
 /* A forward cursor over the file with a read-ahead window, so that a
  * 150k-token vocabulary costs a few dozen pread calls, not 300k.  Invariant:
  * pos <= size.  `what` describes the item being read, for error messages. */
@@ -571,6 +607,7 @@ sp_status sp_gguf_read(struct sp_file *f, struct sp_model_file *mf) {
         }
         t->offset = start; /* absolute from here on */
     }
+    if ((rc = check_overlap(mf, r.path))) goto done;
     /* Vocabulary-only files end right after the directory, without padding. */
     mf->data_offset = mf->n_tensors == 0 ? SP_MIN(data_offset, r.size) : data_offset;
     rc = SP_OK;
