@@ -27,7 +27,8 @@
 #define EVAL_KL_PERCENTILE 0.99
 
 struct sp_eval_params sp_eval_default_params(void) {
-    return (struct sp_eval_params){.n_ctx = 0, .n_batch = 0, .n_threads = 0, .kv_type = SP_KV_F32,
+    return (struct sp_eval_params){.n_ctx = 0, .n_batch = 0, .n_threads = 0, .kv_type_k = SP_KV_F32,
+                                   .kv_type_v = SP_KV_F32, .ref_kv_type_k = SP_KV_F32, .ref_kv_type_v = SP_KV_F32,
                                    .progress = NULL, .progress_user = NULL};
 }
 
@@ -207,8 +208,12 @@ sp_status sp_eval(struct sp_model *model, struct sp_model *ref, const int32_t *t
     sp.n_ctx = n_ctx;
     sp.n_batch = n_batch;
     sp.n_threads = p.n_threads;
-    sp.kv_type = p.kv_type;
+    sp.kv_type_k = p.kv_type_k;
+    sp.kv_type_v = p.kv_type_v;
     sp.logits_all = true;
+    struct sp_session_params sp_ref = sp;
+    sp_ref.kv_type_k = p.ref_kv_type_k;
+    sp_ref.kv_type_v = p.ref_kv_type_v;
     struct sp_session *sm = NULL, *sr = NULL;
     struct eval_acc a = {0};
     int32_t *batch = sp_malloc((size_t)n_batch * sizeof(*batch));
@@ -218,7 +223,7 @@ sp_status sp_eval(struct sp_model *model, struct sp_model *ref, const int32_t *t
         goto done;
     }
     if ((rc = sp_session_init(model, &sp, &sm))) goto done;
-    if (ref && (rc = sp_session_init(ref, &sp, &sr))) goto done;
+    if (ref && (rc = sp_session_init(ref, &sp_ref, &sr))) goto done;
 
     memset(out, 0, sizeof(*out));
     out->n_tokens = n_tokens;
@@ -261,7 +266,7 @@ sp_status sp_eval_generate(struct sp_model *model, int32_t n_tokens, int32_t seg
     struct sp_session_params sp = sp_session_default_params();
     sp.n_ctx = seg_len;
     sp.n_threads = n_threads;
-    sp.kv_type = SP_KV_F32; /* the sampled text must not depend on the session default */
+    sp.kv_type_k = sp.kv_type_v = SP_KV_F32; /* the sampled text must not depend on the session default */
     struct sp_session *s = NULL;
     struct sp_sampler *smp = NULL;
     if ((rc = sp_sampler_init(&plain, seed, mi.n_vocab, &smp))) goto done;
