@@ -287,8 +287,13 @@ void sp_session_reset(struct sp_session *s);
  * n_ctx and ctx_shift is off (or n > n_ctx - n_keep), SP_E_INVALID for an id
  * outside the vocabulary, n <= 0, or (with logits_all) n > n_batch,
  * SP_E_ABORTED when the abort callback stopped it (the batches before stay
- * decoded: sp_session_n_past says how far it got; no logits).  Never
- * allocates. */
+ * decoded: sp_session_n_past says how far it got; no logits), SP_E_IO when a
+ * streamed weight could not be read under a memory budget, after the bounded
+ * retries of transient errors docs/RELIABILITY.md describes (the message
+ * names the file and the offset; as for SP_E_ABORTED the batches before stay
+ * decoded and no logits are left, so sp_sample says SP_E_STATE): once
+ * storage reads again, feeding the tokens not consumed continues the same
+ * session.  Never allocates. */
 sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n);
 
 /* Logits of the last decoded token: n_vocab floats, owned by the session,
@@ -604,7 +609,8 @@ struct sp_quantize_result {
  * temporary file renamed into place when complete: on any failure or a
  * cancel nothing is left and an existing file at output is untouched.
  * out (may be NULL) receives the summary.  Returns SP_OK, SP_E_INVALID (bad
- * parameters, unknown policy, pruning the format cannot express),
+ * parameters, unknown policy, pruning the format cannot express, an output
+ * that is one of the files read -- by inode -- refused before any work),
  * SP_E_FORMAT (a malformed policy file: the message names the line),
  * SP_E_UNSUPPORTED (an input tensor type the quantizer does not read),
  * SP_E_IO, SP_E_NOMEM, SP_E_STATE (cancelled by on_tensor). */
