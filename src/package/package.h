@@ -129,7 +129,8 @@ sp_status sp_package_finish(struct sp_out *o, struct sp_pack_manifest *m, uint64
 
 /* A package open for sp_pager_config.fill: sp_package_fill(reader, dst, off,
  * n) decompresses the shards covering file bytes [off, off + n) straight
- * into dst on n_threads threads, checking every hash. */
+ * into dst on n_threads threads, each frame checked against its SHA-256
+ * before it is decompressed (installs also hash the raw bytes). */
 struct sp_package_reader;
 sp_status sp_package_reader_open(const char *path, int n_threads, struct sp_package_reader **out);
 sp_status sp_package_fill(void *reader, void *dst, uint64_t off, uint64_t n);

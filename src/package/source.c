@@ -6,6 +6,7 @@
  */
 #include "package.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <zstd.h>
 
@@ -63,6 +64,14 @@ void sp_src_shard_name(const struct sp_src *s, uint32_t i, char *buf, size_t cap
 
 sp_status sp_src_read_comp(struct sp_src *s, uint32_t i, struct sp_scratch *sc) {
     const struct sp_pack_shard *sh = &s->m.shards[i];
+#ifdef POSIX_FADV_WILLNEED
+    /* shards are read in order by a few threads: start reading the next
+     * frames now, so that a cold file streams instead of waiting per read */
+    for (uint32_t k = i + 1; k < s->m.n_shards && k <= i + 4; k++) {
+        (void)posix_fadvise(sp_file_fd(s->f), (off_t)s->m.shards[k].comp_offset, (off_t)s->m.shards[k].comp_size,
+                            POSIX_FADV_WILLNEED);
+    }
+#endif
     sp_status rc = sp_scratch_grow(&sc->comp, &sc->comp_cap, (size_t)sh->comp_size);
     if (rc) return rc;
     if ((rc = sp_file_read_at(s->f, sh->comp_offset, sc->comp, (size_t)sh->comp_size))) return rc;
