@@ -117,7 +117,14 @@ sp_status sp_package_fill(void *reader, void *dst, uint64_t off, uint64_t n) {
                       (unsigned long long)n, (unsigned long long)m->file_size, r->src->path);
     }
     if (off < m->header_size) memcpy(dst, m->header + off, (size_t)SP_MIN(n, m->header_size - off));
-    return run_fill(r->src, r->n_threads, dst, off, n, NULL, NULL, NULL);
+    const double t0 = now_s();
+    const sp_status rc = run_fill(r->src, r->n_threads, dst, off, n, NULL, NULL, NULL);
+    if (!rc) {
+        const double el = now_s() - t0;
+        SP_LOG_I("'%s': %u shards decompressed into the weights (%.1f MiB) on %d threads in %.2f s, %.0f MB/s", r->src->path,
+                 m->n_shards, (double)n / (1 << 20), r->n_threads, el, el > 0 ? (double)n / 1e6 / el : 0.0);
+    }
+    return rc;
 }
 
 /* ---- to a file ------------------------------------------------------------------ */
