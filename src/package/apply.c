@@ -13,12 +13,6 @@
 #include <stdio.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 struct apply_job {
     struct sp_src *t;             /* the old model */
     struct sp_file *pf;           /* the patch */
@@ -116,7 +110,7 @@ static sp_status hash_rest(void *ctx, uint32_t i, int ith) {
 
 sp_status sp_package_apply(const char *model, const char *patch, const char *out,
                            const struct sp_package_params *params, struct sp_package_stats *st) {
-    const double t0 = now_s();
+    const double t0 = sp_package_now();
     struct sp_package_params P;
     sp_status rc = sp_package_params_resolve(params, __func__, &P);
     if (rc) return rc;
@@ -167,8 +161,8 @@ sp_status sp_package_apply(const char *model, const char *patch, const char *out
     j.o = &o;
     j.level = t->spk ? t->m.level : P.level;
     j.at = SP_PACK_HEADER_BYTES;
-    if (!(j.sc = sp_calloc((size_t)P.n_threads, sizeof *j.sc))) {
-        rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    if (!(j.sc = sp_scratch_array(P.n_threads))) {
+        rc = SP_E_NOMEM;
         goto done;
     }
     j.w = (struct sp_work){.n_items = nm.n_shards, .n_threads = P.n_threads, .ordered = t->spk, .fn = apply_one,
@@ -200,20 +194,13 @@ sp_status sp_package_apply(const char *model, const char *patch, const char *out
         st->package_bytes = t->spk ? end : 0;
         st->patch_bytes = sp_file_size(pf);
         st->n_shards = nm.n_shards;
-        for (uint32_t i = 0; i < nm.n_shards; i++) {
-            st->n_ref += recs[i].kind == SP_PATCH_REF;
-            st->n_whole += recs[i].kind == SP_PATCH_WHOLE;
-            st->n_delta += recs[i].kind == SP_PATCH_DELTA;
-        }
+        sp_package_count_kinds(recs, nm.n_shards, st);
         sp_sha256_hex(nm.content_id, st->content_id);
-        st->seconds = now_s() - t0;
+        st->seconds = sp_package_now() - t0;
     }
 done:
     sp_out_abort(&o);
-    if (j.sc) {
-        for (int k = 0; k < P.n_threads; k++) sp_scratch_free(&j.sc[k]);
-        sp_free(j.sc);
-    }
+    sp_scratch_array_free(j.sc, P.n_threads);
     sp_model_file_free(ndir);
     sp_pack_manifest_clear(&nm);
     sp_free(recs);

@@ -15,12 +15,6 @@
 
 #define MANIFEST_LEVEL 19
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int cmp_digest(const void *a, const void *b, void *ctx) {
     const struct sp_pack_manifest *m = ctx;
     const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
@@ -126,7 +120,7 @@ static sp_status diff_one(void *ctx, uint32_t i, int ith) {
 
 sp_status sp_package_diff(const char *old_path, const char *new_path, const char *out,
                           const struct sp_package_params *params, struct sp_package_stats *st) {
-    const double t0 = now_s();
+    const double t0 = sp_package_now();
     struct sp_package_params P;
     sp_status rc = sp_package_params_resolve(params, __func__, &P);
     if (rc) return rc;
@@ -196,21 +190,14 @@ sp_status sp_package_diff(const char *old_path, const char *new_path, const char
         st->model_bytes = n->m.file_size;
         st->patch_bytes = j.at;
         st->n_shards = n->m.n_shards;
-        for (uint32_t i = 0; i < n->m.n_shards; i++) {
-            st->n_ref += j.recs[i].kind == SP_PATCH_REF;
-            st->n_whole += j.recs[i].kind == SP_PATCH_WHOLE;
-            st->n_delta += j.recs[i].kind == SP_PATCH_DELTA;
-        }
+        sp_package_count_kinds(j.recs, n->m.n_shards, st);
         st->changed_comp_bytes = j.changed_comp;
         sp_sha256_hex(n->m.content_id, st->content_id);
-        st->seconds = now_s() - t0;
+        st->seconds = sp_package_now() - t0;
     }
 done:
     sp_out_abort(&w);
-    if (j.sc) {
-        for (int t = 0; t < P.n_threads; t++) sp_scratch_free(&j.sc[t]);
-        sp_free(j.sc);
-    }
+    sp_scratch_array_free(j.sc, P.n_threads);
     sp_scratch_free(&zs);
     sp_free(j.recs);
     sp_free(by_digest);

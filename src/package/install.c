@@ -13,12 +13,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ---- decompressing into memory ---------------------------------------------- */
 
 struct fill_job {
@@ -72,12 +66,11 @@ static sp_status run_fill(struct sp_src *s, int n_threads, uint8_t *dst, uint64_
                           sp_progress_fn progress, void *user) {
     const int nth = sp_package_threads(n_threads);
     struct fill_job j = {.src = s, .dst = dst, .off = off, .n = n, .o = o, .check_raw = o != NULL};
-    if (!(j.sc = sp_calloc((size_t)nth, sizeof *j.sc))) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    if (!(j.sc = sp_scratch_array(nth))) return SP_E_NOMEM;
     j.w = (struct sp_work){.n_items = s->m.n_shards, .n_threads = nth, .fn = fill_one, .ctx = &j, .progress = progress,
                            .progress_user = user, .total = o ? s->m.file_size - s->m.header_size : n};
     sp_status rc = sp_work_run(&j.w);
-    for (int t = 0; t < nth; t++) sp_scratch_free(&j.sc[t]);
-    sp_free(j.sc);
+    sp_scratch_array_free(j.sc, nth);
     return rc;
 }
 
@@ -117,10 +110,10 @@ sp_status sp_package_fill(void *reader, void *dst, uint64_t off, uint64_t n) {
                       (unsigned long long)n, (unsigned long long)m->file_size, r->src->path);
     }
     if (off < m->header_size) memcpy(dst, m->header + off, (size_t)SP_MIN(n, m->header_size - off));
-    const double t0 = now_s();
+    const double t0 = sp_package_now();
     const sp_status rc = run_fill(r->src, r->n_threads, dst, off, n, NULL, NULL, NULL);
     if (!rc) {
-        const double el = now_s() - t0;
+        const double el = sp_package_now() - t0;
         SP_LOG_I("'%s': %u shards decompressed into the weights (%.1f MiB) on %d threads in %.2f s, %.0f MB/s", r->src->path,
                  m->n_shards, (double)n / (1 << 20), r->n_threads, el, el > 0 ? (double)n / 1e6 / el : 0.0);
     }
@@ -144,7 +137,7 @@ static sp_status install_src(struct sp_src *s, const char *out, const struct sp_
 
 sp_status sp_package_install(const char *pkg, const char *out, const struct sp_package_params *params,
                              struct sp_package_stats *st) {
-    const double t0 = now_s();
+    const double t0 = sp_package_now();
     struct sp_package_params P;
     sp_status rc = sp_package_params_resolve(params, __func__, &P);
     if (rc) return rc;
@@ -162,7 +155,7 @@ sp_status sp_package_install(const char *pkg, const char *out, const struct sp_p
         st->package_bytes = sp_file_size(s->f);
         st->n_shards = s->m.n_shards;
         sp_sha256_hex(s->m.content_id, st->content_id);
-        st->seconds = now_s() - t0;
+        st->seconds = sp_package_now() - t0;
     }
     sp_src_close(s);
     return rc;

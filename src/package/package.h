@@ -71,6 +71,10 @@ struct sp_scratch {
     void *cctx, *dctx; /* ZSTD_CCtx*, ZSTD_DCtx* */
 };
 sp_status sp_scratch_grow(uint8_t **buf, size_t *cap, size_t n);
+/* n zeroed scratches (NULL: out of memory, message set); freed with all
+ * their buffers by sp_scratch_array_free (NULL is a no-op). */
+struct sp_scratch *sp_scratch_array(int n);
+void sp_scratch_array_free(struct sp_scratch *sc, int n);
 sp_status sp_scratch_ctx(struct sp_scratch *s); /* create both contexts */
 void sp_scratch_free(struct sp_scratch *s);
 
@@ -115,6 +119,10 @@ sp_status sp_src_read_comp(struct sp_src *s, uint32_t i, struct sp_scratch *sc);
 void sp_src_shard_name(const struct sp_src *s, uint32_t i, char *buf, size_t cap);
 
 int sp_package_threads(int n_threads); /* 0 -> 1; capped at 256 */
+double sp_package_now(void);           /* monotonic seconds */
+
+/* st's n_ref, n_whole, n_delta from n patch records. */
+void sp_package_count_kinds(const struct sp_patch_record *recs, uint32_t n, struct sp_package_stats *st);
 
 /* Validated parameters with the defaults filled in (level, shard size,
  * threads); fn names the caller in messages. */

@@ -14,12 +14,6 @@
 #define DEFAULT_LEVEL 3
 #define MANIFEST_LEVEL 19 /* the manifest is small and read on every load: spend time on it once */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 struct sp_package_params sp_package_default_params(void) {
     return (struct sp_package_params){.level = 0, .shard_size = 0, .n_threads = 0};
 }
@@ -95,7 +89,7 @@ static sp_status pack_one(void *ctx, uint32_t i, int ith) {
 
 sp_status sp_package_pack(const char *in, const char *out, const struct sp_package_params *params,
                           struct sp_package_stats *st) {
-    const double t0 = now_s();
+    const double t0 = sp_package_now();
     struct sp_package_params P;
     sp_status rc = sp_package_params_resolve(params, __func__, &P);
     if (rc) return rc;
@@ -112,8 +106,8 @@ sp_status sp_package_pack(const char *in, const char *out, const struct sp_packa
     j.src = src;
     j.o = &o;
     j.at = SP_PACK_HEADER_BYTES;
-    if (!(j.sc = sp_calloc((size_t)P.n_threads, sizeof *j.sc))) {
-        rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    if (!(j.sc = sp_scratch_array(P.n_threads))) {
+        rc = SP_E_NOMEM;
         goto done;
     }
     j.w = (struct sp_work){.n_items = src->m.n_shards, .n_threads = P.n_threads, .ordered = true, .fn = pack_one,
@@ -132,14 +126,11 @@ sp_status sp_package_pack(const char *in, const char *out, const struct sp_packa
         st->package_bytes = end;
         st->n_shards = src->m.n_shards;
         sp_sha256_hex(src->m.content_id, st->content_id);
-        st->seconds = now_s() - t0;
+        st->seconds = sp_package_now() - t0;
     }
 done:
     sp_out_abort(&o);
-    if (j.sc) {
-        for (int t = 0; t < P.n_threads; t++) sp_scratch_free(&j.sc[t]);
-        sp_free(j.sc);
-    }
+    sp_scratch_array_free(j.sc, P.n_threads);
     sp_src_close(src);
     return rc;
 }
@@ -171,10 +162,10 @@ sp_status sp_package_info(const char *path, struct sp_package_info *out) {
         if (!tb || !recs) rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
         if (!rc) rc = sp_file_read_at(f, h.table_offset, tb, tn);
         if (!rc) rc = sp_patch_table_parse(tb, tn, &h, where, recs);
-        for (uint32_t i = 0; !rc && i < h.n_records; i++) {
-            out->n_ref += recs[i].kind == SP_PATCH_REF;
-            out->n_whole += recs[i].kind == SP_PATCH_WHOLE;
-            out->n_delta += recs[i].kind == SP_PATCH_DELTA;
+        if (!rc) {
+            struct sp_package_stats k;
+            sp_package_count_kinds(recs, h.n_records, &k);
+            out->n_ref = k.n_ref, out->n_whole = k.n_whole, out->n_delta = k.n_delta;
         }
         sp_free(tb);
         sp_free(recs);

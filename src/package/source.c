@@ -146,12 +146,11 @@ sp_status sp_src_hash(struct sp_src *s, int n_threads, sp_progress_fn progress, 
     if (s->hashed) return SP_OK;
     const int nth = sp_package_threads(n_threads);
     struct hash_job j = {.s = s};
-    if (!(j.sc = sp_calloc((size_t)nth, sizeof *j.sc))) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    if (!(j.sc = sp_scratch_array(nth))) return SP_E_NOMEM;
     j.w = (struct sp_work){.n_items = s->m.n_shards, .n_threads = nth, .fn = hash_one, .ctx = &j, .progress = progress,
                            .progress_user = user, .total = s->m.file_size - s->m.header_size};
     sp_status rc = sp_work_run(&j.w);
-    for (int t = 0; t < nth; t++) sp_scratch_free(&j.sc[t]);
-    sp_free(j.sc);
+    sp_scratch_array_free(j.sc, nth);
     if (rc) return rc;
     if ((rc = sp_pack_content_id(&s->m))) return rc;
     s->hashed = true;

@@ -16,6 +16,21 @@ int sp_package_threads(int n_threads) {
     return n_threads <= 0 ? 1 : SP_MIN(n_threads, 256);
 }
 
+double sp_package_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void sp_package_count_kinds(const struct sp_patch_record *recs, uint32_t n, struct sp_package_stats *st) {
+    st->n_ref = st->n_whole = st->n_delta = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        st->n_ref += recs[i].kind == SP_PATCH_REF;
+        st->n_whole += recs[i].kind == SP_PATCH_WHOLE;
+        st->n_delta += recs[i].kind == SP_PATCH_DELTA;
+    }
+}
+
 static void fail_with(struct sp_work *w, sp_status rc, const char *msg) {
     pthread_mutex_lock(&w->mu);
     if (!w->rc) {
@@ -106,6 +121,18 @@ sp_status sp_scratch_ctx(struct sp_scratch *s) {
     if (!s->dctx) s->dctx = ZSTD_createDCtx();
     if (!s->cctx || !s->dctx) return sp_err(SP_E_NOMEM, "out of memory for zstd contexts");
     return SP_OK;
+}
+
+struct sp_scratch *sp_scratch_array(int n) {
+    struct sp_scratch *sc = sp_calloc((size_t)(n > 0 ? n : 1), sizeof *sc);
+    if (!sc) (void)sp_err(SP_E_NOMEM, "out of memory for %d shard buffers", n);
+    return sc;
+}
+
+void sp_scratch_array_free(struct sp_scratch *sc, int n) {
+    if (!sc) return;
+    for (int t = 0; t < n; t++) sp_scratch_free(&sc[t]);
+    sp_free(sc);
 }
 
 void sp_scratch_free(struct sp_scratch *s) {
