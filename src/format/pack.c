@@ -781,7 +781,7 @@ sp_status sp_patch_read(struct sp_file *f, const uint8_t *old_header, size_t old
                       "hashes to %.16s...", where, a, b);
     }
     const size_t mlen = (size_t)(h->payload_offset - h->content_offset);
-    if (!(meta = sp_malloc(mlen)) || !(raw = sp_malloc((size_t)h->content_size)) || !(d = ZSTD_createDCtx()) ||
+    if (!(meta = sp_malloc(mlen)) || !(d = ZSTD_createDCtx()) ||
         !(*recs = sp_calloc(h->n_records ? h->n_records : 1, sizeof **recs))) {
         rc = sp_err(SP_E_NOMEM, "%s: out of memory", where);
         goto fail;
@@ -794,6 +794,16 @@ sp_status sp_patch_read(struct sp_file *f, const uint8_t *old_header, size_t old
         goto fail;
     }
     if ((rc = sp_patch_table_parse(meta + h->content_zsize, mlen - (size_t)h->content_zsize, h, where, *recs))) goto fail;
+    /* the frame must state the size the header gives before that much is allocated */
+    if (ZSTD_getFrameContentSize(meta, (size_t)h->content_zsize) != (unsigned long long)h->content_size) {
+        rc = sp_err(SP_E_FORMAT, "%s: the new manifest's frame does not hold field content_size = %llu bytes", where,
+                    (unsigned long long)h->content_size);
+        goto fail;
+    }
+    if (!(raw = sp_malloc((size_t)h->content_size))) {
+        rc = sp_err(SP_E_NOMEM, "%s: out of memory", where);
+        goto fail;
+    }
     char w2[560];
     snprintf(w2, sizeof w2, "%s: new manifest", where);
     if ((rc = sp_pack_decompress(d, meta, (size_t)h->content_zsize, raw, (size_t)h->content_size, old_header,
