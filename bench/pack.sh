@@ -14,6 +14,8 @@
 # usage: bench/pack.sh [MODEL]   (default: $SPARROW_SCRATCH/llama-7b-q4_0.gguf,
 #        written with `sparrow synth --shape llama-7b --type q4_0` if absent)
 # Environment: SPARROW (default build/sparrow), THREADS (2), N_GEN (16),
+#   RATIO_FILES (more GGUF files whose package ratio to print, e.g. synthetic F16
+#   and Q8_0 ones),
 #   REPS (3), SPARROW_SCRATCH (../scratch), SPARROW_SHARED (../shared), KEEP=1
 #   keeps the package and the installed copy.
 # Needs: about 3x the model's size free in SPARROW_SCRATCH; GNU dd (iflag=nocache
@@ -86,6 +88,12 @@ printf '* F16\n' > "$W/f16.policy"
 for f in "$S/stories260K-f32.gguf" "$W/s-f16.gguf" "$S/stories260K-q8_0.gguf" "$S/stories260K-q4_0.gguf" "$W/s-q4.gguf"; do
     "$SPARROW" pack "$f" -o "$W/r.spk" -q --shard-size 64K
     printf 'ratio %-24s %.4f (%s -> %s bytes; real stories260K weights)\n' "$(basename "$f")" \
+        "$(echo "$(stat -c %s "$W/r.spk") / $(stat -c %s "$f")" | bc -l)" "$(stat -c %s "$f")" "$(stat -c %s "$W/r.spk")"
+done
+# ---- and of synthetic (random-weight) files, given in RATIO_FILES
+for f in ${RATIO_FILES:-}; do
+    "$SPARROW" pack "$f" -o "$W/r.spk" -q -t "$THREADS"
+    printf 'ratio %-24s %.4f (%s -> %s bytes; synthetic random weights)\n' "$(basename "$f")" \
         "$(echo "$(stat -c %s "$W/r.spk") / $(stat -c %s "$f")" | bc -l)" "$(stat -c %s "$f")" "$(stat -c %s "$W/r.spk")"
 done
 echo "load after: $(uptime | sed 's/.*load average/load average/')"

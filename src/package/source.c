@@ -67,8 +67,8 @@ sp_status sp_src_read_comp(struct sp_src *s, uint32_t i, struct sp_scratch *sc) 
 #ifdef POSIX_FADV_WILLNEED
     /* shards are read in order by a few threads: start reading the next
      * frames now, so that a cold file streams instead of waiting per read */
-    for (uint32_t k = i + 1; k < s->m.n_shards && k <= i + 4; k++) {
-        (void)posix_fadvise(sp_file_fd(s->f), (off_t)s->m.shards[k].comp_offset, (off_t)s->m.shards[k].comp_size,
+    if (i + 2 < s->m.n_shards) { /* each frame is asked for once, two ahead */
+        (void)posix_fadvise(sp_file_fd(s->f), (off_t)s->m.shards[i + 2].comp_offset, (off_t)s->m.shards[i + 2].comp_size,
                             POSIX_FADV_WILLNEED);
     }
 #endif
