@@ -621,6 +621,107 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
 int32_t sp_quantize_n_policies(void);
 sp_status sp_quantize_policy_info(int32_t i, const char **name, const char **about);
 
+/* ---------------------------------------------------------------------------
+ * Model packages (src/package/; the layouts in src/format/pack.h, the design
+ * in docs/PACKAGES.md).  A package (.spk) is a GGUF file -- standard or
+ * Sparrow-native -- as zstd-compressed shards cut at tensor boundaries plus
+ * a manifest holding the GGUF's header (metadata, tensor directory) and the
+ * SHA-256 of every shard, compressed and raw.  Installing gives back the
+ * packed file byte for byte.  A patch (.spkd) turns one model into another:
+ * unchanged shards are referenced, changed ones travel whole or as a zstd
+ * delta against the old shard.  sp_model_load reads packages directly.
+ *
+ * Every writer here writes "<out>.tmp" in the output's folder (locked; one
+ * left by a killed writer is taken over by the next), fsyncs it, renames it
+ * over out and fsyncs the folder: out is at every instant the old file or
+ * the new one, whole.  On failure the temporary file is removed.  Every
+ * shard's hash is checked before its bytes are used.
+ *
+ * A model's content id is the SHA-256 of its manifest's content section
+ * (the GGUF header, shard offsets, sizes and raw hashes): it depends only on
+ * the model's bytes and the shard size, so a GGUF and its package share it,
+ * and patches name the models they join by it.
+ * ------------------------------------------------------------------------- */
+
+struct sp_package_params {
+    int32_t level;            /* zstd level 1..19; 0 = 3 */
+    uint64_t shard_size;      /* bytes a shard holds at most (a row or an expert
+                                 larger than it stays whole); 0 = 16 MiB.  For
+                                 sp_package_diff of two GGUF files; a package
+                                 keeps its own */
+    int32_t n_threads;        /* 0 = one; the output does not depend on it */
+    sp_progress_fn progress;  /* bytes of the model done of total; NULL = none;
+                                 returning false cancels (SP_E_STATE) */
+    void *progress_user;
+};
+struct sp_package_params sp_package_default_params(void);
+
+struct sp_package_stats {
+    uint64_t model_bytes;     /* the model file's size */
+    uint64_t package_bytes;   /* the package's (pack, install, apply to a package) */
+    uint64_t patch_bytes;     /* diff: the patch written; apply: the patch read */
+    uint32_t n_shards;
+    uint32_t n_ref, n_whole, n_delta; /* diff/apply: new shards by how they travel */
+    uint64_t changed_comp_bytes; /* diff: the changed shards compressed whole */
+    char content_id[65];      /* hex; apply: the new model's */
+    double seconds;
+};
+
+/* Pack the GGUF at in into the package out.  The same file and parameters
+ * give the same bytes (whatever n_threads).  st may be NULL.  Returns SP_OK,
+ * SP_E_INVALID (in is not a GGUF file, bad parameters), SP_E_FORMAT,
+ * SP_E_IO (message names the file), SP_E_NOMEM, SP_E_STATE (cancelled, or
+ * another process is writing out). */
+sp_status sp_package_pack(const char *in, const char *out, const struct sp_package_params *params,
+                          struct sp_package_stats *st);
+
+/* Install the package pkg as the GGUF file out (the bytes that were packed).
+ * SP_E_FORMAT names the damaged shard or field; otherwise as sp_package_pack. */
+sp_status sp_package_install(const char *pkg, const char *out, const struct sp_package_params *params,
+                             struct sp_package_stats *st);
+
+/* Write the patch that turns old into new (each a GGUF file or a package;
+ * shards are matched by content, so a metadata edit that moves every data
+ * offset costs a new manifest only).  For each changed shard the patch
+ * carries the smaller of the shard compressed whole and a zstd delta
+ * against the old shard holding the same tensor bytes.  As sp_package_pack. */
+sp_status sp_package_diff(const char *old_path, const char *new_path, const char *out,
+                          const struct sp_package_params *params, struct sp_package_stats *st);
+
+/* Apply patch to model (a GGUF file or a package), writing the new model --
+ * of model's kind -- to out, or over model when out is NULL (an update).
+ * The patch's old content id must be model's (SP_E_INVALID "for another
+ * model"), every new shard's hash is checked before the file is renamed
+ * into place; an interrupted update leaves model as it was and can be run
+ * again.  level (for deltas re-compressed into a package) is the package's.
+ * SP_E_FORMAT names the damaged shard or field; otherwise as sp_package_pack. */
+sp_status sp_package_apply(const char *model, const char *patch, const char *out,
+                           const struct sp_package_params *params, struct sp_package_stats *st);
+
+/* What a package or patch holds, for display.  Strings are copied into the
+ * struct. */
+struct sp_package_info {
+    bool patch;               /* a .spkd patch, else a .spk package */
+    uint64_t file_bytes;      /* this file's size */
+    uint64_t model_bytes;     /* package: the GGUF it holds; patch: the new model's */
+    uint64_t header_bytes, shard_size;
+    uint32_t n_shards, n_tensors;
+    int32_t level;            /* package: its zstd level */
+    uint32_t n_ref, n_whole, n_delta; /* patch: records by kind */
+    char content_id[65];      /* package: its model's; patch: the new model's */
+    char old_content_id[65];  /* patch: the model it applies to */
+};
+/* SP_E_FORMAT naming the field when path is damaged or neither kind. */
+sp_status sp_package_info(const char *path, struct sp_package_info *out);
+
+/* Edit a GGUF file's metadata in place, atomically like every writer: each
+ * of the n assignments "KEY=VALUE" adds or replaces a string key (the value
+ * is everything after the first '='), "KEY:TYPE=VALUE" a typed one (TYPE:
+ * str, bool, u8, i8, u16, i16, u32, i32, u64, i64, f32, f64).  Tensor data
+ * is copied unchanged.  SP_E_INVALID names the malformed assignment;
+ * SP_E_FORMAT, SP_E_IO, SP_E_NOMEM. */
+sp_status sp_model_edit(const char *path, const char *const *assignments, int32_t n);
+
 #ifdef __cplusplus
 }
 #endif

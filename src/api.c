@@ -11,12 +11,14 @@
 #include "mem/pager.h"
 #include "model/model.h"
 #include "model/seq.h"
+#include "package/package.h"
 #include "quant/kv.h"
 #include "quant/quant.h"
 #include "sample/sampler.h"
 
 #include <assert.h>
 #include <stdio.h>
+#include <unistd.h>
 
 void sp_init(void) {
     (void)sp_cpu_features();
@@ -72,7 +74,26 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
     m->vocab_only = p.vocab_only;
     sp_status rc = sp_model_file_open(path, p.tokenizer_path, p.vocab_only, &m->mf);
     if (rc) goto fail;
-    if (m->mf->kind == SP_FILE_GGUF) {
+    /* A package (package/): resident weights decompress straight into the
+     * pager's region; a budget streams spans of a plain file, so it runs from
+     * a copy installed once into the cache folder. */
+    const long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    const int unpack_threads = n_cpu > 0 ? (int)SP_MIN(n_cpu, 8L) : 1;
+    if (m->mf->packed && !p.vocab_only && p.mem_budget) {
+        char *cached = NULL;
+        bool installed = false;
+        if ((rc = sp_package_cache_install(path, unpack_threads, &cached, &installed))) goto fail;
+        SP_LOG_W("'%s': a budgeted run streams from a plain file: %s '%s'", path,
+                 installed ? "installed the package once into" : "running from its copy installed in", cached);
+        sp_model_file_free(m->mf);
+        m->mf = NULL;
+        rc = sp_model_file_open(cached, p.tokenizer_path, p.vocab_only, &m->mf);
+        sp_free(cached);
+        if (rc) goto fail;
+    }
+    if (m->mf->packed) {
+        snprintf(m->file_format, sizeof m->file_format, "gguf v%u package", m->mf->version);
+    } else if (m->mf->kind == SP_FILE_GGUF) {
         snprintf(m->file_format, sizeof m->file_format, "gguf v%u", m->mf->version);
     } else {
         snprintf(m->file_format, sizeof m->file_format, "llama2.c");
@@ -93,7 +114,7 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
     }
     if (!p.vocab_only) {
         if ((rc = forward_order(m))) goto fail;
-        const struct sp_pager_config pc = {
+        struct sp_pager_config pc = {
             .mode = p.weights == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD,
             .budget = p.mem_budget,
             .embed = m->output != m->tok_embd ? m->tok_embd : NULL,
@@ -104,7 +125,15 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
             .repack = true,
             .by_rows = m->tok_embd,
         };
-        if ((rc = sp_pager_open(m->mf, &pc, &m->pager))) goto fail;
+        struct sp_package_reader *pkg = NULL;
+        if (m->mf->packed) {
+            if ((rc = sp_package_reader_open(path, unpack_threads, &pkg))) goto fail;
+            pc.fill = sp_package_fill;
+            pc.fill_user = pkg;
+        }
+        rc = sp_pager_open(m->mf, &pc, &m->pager);
+        sp_package_reader_close(pkg);
+        if (rc) goto fail;
     }
     *out = m;
     return SP_OK;

@@ -220,6 +220,7 @@ struct sp_file {
     int fd;              /* -1 for buffers */
     const uint8_t *mem;  /* (size) caller's bytes, or NULL for files */
     uint64_t size;       /* bytes, fixed at open */
+    uint64_t held;       /* bytes of mem readable: size, or less for a prefix */
 };
 
 /* Open path read-only and take its size.  Returns SP_OK and *out, or SP_E_IO
@@ -279,7 +280,27 @@ sp_status sp_file_from_memory(const void *data, size_t n, struct sp_file **out) 
     }
     f->fd = -1;
     f->mem = data;
-    f->size = n;
+    f->size = f->held = n;
+    *out = f;
+    return SP_OK;
+}
+
+/* A size-byte source of which the first n bytes are data (file.h).
+ * Returns SP_OK and *out, SP_E_INVALID (n > size, NULL data) or SP_E_NOMEM. */
+sp_status sp_file_from_prefix(const void *data, size_t n, uint64_t size, const char *name, struct sp_file **out) {
+    if (!out) return sp_err(SP_E_INVALID, "%s: out is NULL", __func__);
+    *out = NULL;
+    if ((!data && n) || (uint64_t)n > size) return sp_err(SP_E_INVALID, "%s: %zu bytes of a %llu-byte file", __func__, n,
+                                                           (unsigned long long)size);
+    struct sp_file *f = sp_calloc(1, sizeof(*f));
+    if (!f || !(f->path = sp_strdup(name ? name : "<memory>"))) {
+        sp_free(f);
+        return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    }
+    f->fd = -1;
+    f->mem = data;
+    f->size = size;
+    f->held = n;
     *out = f;
     return SP_OK;
 }
@@ -295,6 +316,11 @@ void sp_file_close(struct sp_file *f) {
 /* Size in bytes, as seen when the source was opened. */
 uint64_t sp_file_size(const struct sp_file *f) {
     return f->size;
+}
+
+/* Readable bytes: the size, except for a prefix (sp_file_from_prefix). */
+uint64_t sp_file_held(const struct sp_file *f) {
+    return f->fd < 0 ? f->held : f->size;
 }
 
 /* The path given to sp_file_open, or "<memory>".  Owned by f. */
@@ -318,7 +344,11 @@ sp_status sp_file_read_at(struct sp_file *f, uint64_t off, void *dst, size_t n) 
                       __func__, f->path, n, (unsigned long long)off, (unsigned long long)f->size);
     }
     if (n == 0) return SP_OK;
-    if (f->mem) {
+    if (f->fd < 0) {
+        if (end > f->held) {
+            return sp_err(SP_E_FORMAT, "%s: '%s': %zu bytes at offset %llu are past the %llu bytes held (the header)",
+                          __func__, f->path, n, (unsigned long long)off, (unsigned long long)f->held);
+        }
         memcpy(dst, f->mem + off, n);
         return SP_OK;
     }

@@ -20,9 +20,18 @@ sp_status sp_file_open(const char *path, struct sp_file **out);
 /* Wrap n bytes of caller memory (not copied; must outlive the sp_file). */
 sp_status sp_file_from_memory(const void *data, size_t n, struct sp_file **out);
 
+/* The first n bytes of a size-byte file, held in caller memory (not copied;
+ * must outlive the sp_file), named name in messages: a package's manifest
+ * carries a model's GGUF header but not its tensor data (format/pack.c).
+ * sp_file_size() says size; reads past the n bytes held are SP_E_FORMAT.
+ * n <= size. */
+sp_status sp_file_from_prefix(const void *data, size_t n, uint64_t size, const char *name, struct sp_file **out);
+
 void sp_file_close(struct sp_file *f);
 
 uint64_t sp_file_size(const struct sp_file *f);
+/* Bytes that can be read from offset 0: the size, or a prefix's n. */
+uint64_t sp_file_held(const struct sp_file *f);
 const char *sp_file_path(const struct sp_file *f); /* "<memory>" for buffers */
 int sp_file_fd(const struct sp_file *f);           /* -1 for buffers */
 

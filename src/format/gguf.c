@@ -193,6 +193,9 @@ static sp_status rd_read(struct rd *r, void *dst, size_t n) {
         if (rc) return rc;
     } else {
         size_t fill = (size_t)SP_MIN((uint64_t)RD_WINDOW, rd_left(r));
+        /* a package's header (core/file.h prefix): read ahead only what is held */
+        const uint64_t held = sp_file_held(r->f), avail = held > r->pos ? held - r->pos : 0;
+        if (fill > avail && avail >= n) fill = (size_t)avail;
         sp_status rc = sp_file_read_at(r->f, r->pos, r->win, fill);
         if (rc) return rc;
         r->win_off = r->pos;

@@ -214,6 +214,14 @@ static sp_status load_file(struct sp_pager *pg, int fd) {
 #endif
     uint8_t *dst = m;
     uint64_t done = 0;
+    if (pg->cfg.fill) { /* a package: its shards decompress into the region */
+        sp_status rc = pg->cfg.fill(pg->cfg.fill_user, dst, pg->base, n);
+        if (rc) {
+            munmap(m, (size_t)n);
+            return rc;
+        }
+        done = n;
+    }
     while (done < n) {
         const size_t chunk = (size_t)SP_MIN(n - done, (uint64_t)64 << 20);
         size_t got;
@@ -429,6 +437,16 @@ sp_status sp_pager_open(const struct sp_model_file *mf, const struct sp_pager_co
         goto fail;
     }
     if (mf->n_tensors == 0) { /* vocab-only: nothing to map */
+        *out = pg;
+        return SP_OK;
+    }
+    if (cfg->fill) { /* bytes from the caller (a package): resident LOAD only */
+        if (pg->budgeted) {
+            rc = sp_err(SP_E_INVALID, "%s: '%s': a budget streams from a plain file, not from fill", __func__, mf->path);
+            goto fail;
+        }
+        pg->mode = SP_WEIGHTS_LOAD;
+        if ((rc = load_file(pg, -1))) goto fail;
         *out = pg;
         return SP_OK;
     }
