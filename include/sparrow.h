@@ -99,6 +99,13 @@ struct sp_model;
  *                   weights every token, at the cost of load time. */
 enum sp_weight_mode { SP_WEIGHTS_AUTO = 0, SP_WEIGHTS_MMAP = 1, SP_WEIGHTS_LOAD = 2, SP_WEIGHTS_MODE_COUNT };
 
+/* KV cache element types, for keys and values separately.  f32, f16, q8_0
+ * and q4_0 store rows as llama.cpp does; q4h is Sparrow's 4.5-bit type
+ * (blocks of 32 rotated by a Walsh-Hadamard transform, non-uniform 4-bit
+ * levels), for q4_0's size at a fraction of its error.  The quantized types
+ * need head sizes that are multiples of 32. */
+enum sp_kv_type { SP_KV_F32 = 0, SP_KV_F16 = 1, SP_KV_Q8_0 = 2, SP_KV_Q4_0 = 3, SP_KV_Q4H = 4, SP_KV_TYPE_COUNT };
+
 struct sp_model_params {
     const char *tokenizer_path; /* llama2.c checkpoints: tokenizer.bin; NULL = the
                                    file "tokenizer.bin" beside the model */
@@ -106,13 +113,25 @@ struct sp_model_params {
     enum sp_weight_mode weights;/* default SP_WEIGHTS_AUTO */
     uint64_t mem_budget;        /* bytes Sparrow may keep resident -- weights, KV
                                    cache, scratch, the process itself; 0 = no
-                                   budget.  With a budget the weights are planned
-                                   and read when the first session is created
+                                   budget.  One account holds them all
+                                   (sp_model_get_mem_stats).  With a budget the
+                                   weights are planned for the envelope below and
+                                   read when the first session is created
                                    (sp_session_init): what fits stays resident,
                                    the rest streams from storage.  A budget too
                                    small to run at all is refused there (message
                                    states the minimum); sp_model_plan tells
                                    before. */
+    /* The envelope: the sessions the budget keeps room for (their KV caches,
+     * scratch and logits, as sp_session_init would allocate them), so that
+     * the plan does not depend on which session comes first.  A session that
+     * does not fit what the plan left is refused with the numbers. */
+    int32_t n_ctx;              /* per session; 0 = the trained context */
+    int32_t n_seq;              /* sessions at once; 0 = 1 */
+    int32_t n_batch;            /* 0 = 128 */
+    int32_t n_threads;          /* 0 = one (scratch grows a little with threads) */
+    enum sp_kv_type kv_type_k;  /* default F16 */
+    enum sp_kv_type kv_type_v;  /* default F16 */
 };
 struct sp_model_params sp_model_default_params(void);
 
@@ -217,12 +236,6 @@ bool sp_token_is_eog(const struct sp_model *model, int32_t token);
  * ------------------------------------------------------------------------- */
 struct sp_session;
 
-/* KV cache element types, for keys and values separately.  f32, f16, q8_0
- * and q4_0 store rows as llama.cpp does; q4h is Sparrow's 4.5-bit type
- * (blocks of 32 rotated by a Walsh-Hadamard transform, non-uniform 4-bit
- * levels), for q4_0's size at a fraction of its error.  The quantized types
- * need head sizes that are multiples of 32. */
-enum sp_kv_type { SP_KV_F32 = 0, SP_KV_F16 = 1, SP_KV_Q8_0 = 2, SP_KV_Q4_0 = 3, SP_KV_Q4H = 4, SP_KV_TYPE_COUNT };
 
 /* "f16", "q4h", ... (as -ctk / -ctv spell them); NULL out of range. */
 const char *sp_kv_type_name(enum sp_kv_type t);
@@ -425,6 +438,13 @@ struct sp_mem_stats {
                                            already being read when first needed (the expert hit rate) */
     uint64_t prefetch_issued, prefetch_used; /* prefetched units; of those, used before eviction */
     double wait_s;                /* time spent waiting for reads */
+    /* the memory account (with or without a budget) */
+    uint64_t account_limit;       /* the budget, 0 = none */
+    uint64_t account_used, account_peak;
+    uint64_t account_weights;     /* pinned weights, pools, bookkeeping (budgeted only) */
+    uint64_t account_kv;          /* KV cache quotas of the live sessions */
+    uint64_t account_scratch;     /* their scratch and logits */
+    uint64_t account_base;        /* the process before weights (budgeted only) */
 };
 sp_status sp_model_get_mem_stats(const struct sp_model *model, struct sp_mem_stats *out);
 

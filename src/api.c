@@ -11,6 +11,7 @@
 #include "core/file.h"
 #include "core/hash.h"
 #include "format/session.h"
+#include "mem/budget.h"
 #include "mem/pager.h"
 #include "model/model.h"
 #include "model/seq.h"
@@ -33,8 +34,9 @@ void sp_init(void) {
 /* ---- model -------------------------------------------------------------- */
 
 struct sp_model_params sp_model_default_params(void) {
-    return (struct sp_model_params){
-        .tokenizer_path = NULL, .vocab_only = false, .weights = SP_WEIGHTS_AUTO, .mem_budget = 0};
+    return (struct sp_model_params){.tokenizer_path = NULL, .vocab_only = false, .weights = SP_WEIGHTS_AUTO,
+                                    .mem_budget = 0, .n_ctx = 0, .n_seq = 0, .n_batch = 0, .n_threads = 0,
+                                    .kv_type_k = SP_KV_F16, .kv_type_v = SP_KV_F16};
 }
 
 /* The dense tensors in the order the forward pass reads them: the pager's
@@ -117,11 +119,26 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
         rc = sp_err(SP_E_INVALID, "%s: unknown weight mode %d", __func__, (int)p.weights);
         goto fail;
     }
+    if ((rc = sp_budget_init(p.mem_budget, &m->budget))) goto fail;
+    if (p.n_ctx < 0 || p.n_seq < 0 || p.n_batch < 0 || p.n_threads < 0 || !sp_kv_type_get(p.kv_type_k) ||
+        !sp_kv_type_get(p.kv_type_v)) {
+        rc = sp_err(SP_E_INVALID, "%s: bad envelope (n_ctx %d, n_seq %d, n_batch %d, n_threads %d, cache types %d/%d)",
+                    __func__, p.n_ctx, p.n_seq, p.n_batch, p.n_threads, (int)p.kv_type_k, (int)p.kv_type_v);
+        goto fail;
+    }
+    m->envelope = sp_session_default_params();
+    m->envelope.n_ctx = p.n_ctx;
+    m->envelope.n_batch = p.n_batch;
+    m->envelope.n_threads = p.n_threads;
+    m->envelope.kv_type_k = p.kv_type_k;
+    m->envelope.kv_type_v = p.kv_type_v;
+    m->envelope_n_seq = p.n_seq ? (uint32_t)p.n_seq : 1;
     if (!p.vocab_only) {
         if ((rc = forward_order(m))) goto fail;
         struct sp_pager_config pc = {
             .mode = p.weights == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD,
             .budget = p.mem_budget,
+            .account = m->budget,
             .embed = m->output != m->tok_embd ? m->tok_embd : NULL,
             .n_experts = m->mf->hp.n_experts,
             .n_experts_used = m->mf->hp.n_experts_used,
@@ -152,7 +169,9 @@ void sp_model_free(struct sp_model *m) {
     for (int k = 0; k < SP_KV_TYPE_COUNT; k++)
         for (int v = 0; v < SP_KV_TYPE_COUNT; v++) sp_kv_cache_free(m->kv[k][v]);
     pthread_mutex_destroy(&m->kv_mu);
-    sp_pager_close(m->pager);
+    sp_pager_close(m->pager); /* releases the weights' share of the account */
+    m->pager = NULL;
+    sp_budget_free(m->budget);
     sp_tokenizer_free(m->tok);
     sp_free(m->layers);
     sp_free(m->order);
@@ -324,7 +343,7 @@ struct sp_session {
     uint32_t n_logits; /* rows written by the last sp_decode (0: none yet) */
     uint32_t n_last;   /* tokens fed by the last sp_decode; its last n_logits have rows */
     struct sp_sampler *sampler;
-    uint64_t reserved; /* bytes of the model's memory budget this session holds */
+    uint64_t kv_reserved, scratch_reserved; /* this session's shares of the model's memory account */
 };
 
 struct sp_session_params sp_session_default_params(void) {
@@ -381,11 +400,30 @@ static sp_status session_shape(const struct sp_model *m, const struct sp_session
     return SP_OK;
 }
 
-/* Bytes a session of this shape allocates: KV quota, scratch, logits. */
+/* Bytes a session of this shape allocates: its KV quota, and its scratch
+ * and logits. */
+static void session_bytes2(const struct sp_model *m, const struct sp_session_params *p, const struct sp_seq_params *q,
+                           uint64_t *kv, uint64_t *scratch) {
+    const struct sp_kv_geom g = sp_model_kv_geom(m, q->type_k, q->type_v);
+    const uint64_t rows = p->logits_all ? q->n_batch : 1;
+    *kv = sp_kv_seq_bytes(&g, q->n_ctx);
+    *scratch = sp_seq_bytes(m, q) - *kv + rows * m->mf->hp.n_vocab * sizeof(float);
+}
+
 static uint64_t session_bytes(const struct sp_model *m, const struct sp_session_params *p,
                               const struct sp_seq_params *q) {
-    const uint64_t rows = p->logits_all ? q->n_batch : 1;
-    return sp_seq_bytes(m, q) + rows * m->mf->hp.n_vocab * sizeof(float);
+    uint64_t kv, scratch;
+    session_bytes2(m, p, q, &kv, &scratch);
+    return kv + scratch;
+}
+
+/* Bytes the declared envelope's sessions need: what a budget plans room for. */
+static sp_status envelope_bytes(const struct sp_model *m, uint64_t *out) {
+    struct sp_seq_params q;
+    sp_status rc = session_shape(m, &m->envelope, &q);
+    if (rc) return rc;
+    *out = (uint64_t)m->envelope_n_seq * session_bytes(m, &m->envelope, &q);
+    return SP_OK;
 }
 
 sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *params, struct sp_session **out) {
@@ -404,19 +442,30 @@ sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *pa
         SP_LOG_W("n_ctx %u is larger than the %u tokens the model was trained on: expect worse output past it", q.n_ctx,
                  hp->n_ctx_train);
     }
-    /* With a memory budget the first session plans the weights (and reads
-     * what stays resident); every session takes its bytes from the budget. */
-    const uint64_t sbytes = session_bytes(m, &p, &q);
-    if ((rc = sp_pager_reserve(m->pager, sbytes))) return rc;
-
+    /* With a memory budget the first session applies the plan made for the
+     * model's envelope (and reads what stays resident); every session takes
+     * its bytes from the model's account, or is refused with the numbers. */
+    uint64_t env, kv_bytes, scratch_bytes;
+    if ((rc = envelope_bytes(m, &env)) || (rc = sp_pager_apply(m->pager, env))) return rc;
+    session_bytes2(m, &p, &q, &kv_bytes, &scratch_bytes);
+    char what[96];
+    snprintf(what, sizeof what, "a session's KV cache (%u tokens, %s/%s)", q.n_ctx, sp_kv_type_name(q.type_k),
+             sp_kv_type_name(q.type_v));
+    if ((rc = sp_budget_reserve(m->budget, SP_BUDGET_KV, kv_bytes, what))) return rc;
+    if ((rc = sp_budget_reserve(m->budget, SP_BUDGET_SCRATCH, scratch_bytes, "a session's scratch and logits"))) {
+        sp_budget_release(m->budget, SP_BUDGET_KV, kv_bytes);
+        return rc;
+    }
     struct sp_session *s = sp_calloc(1, sizeof(*s));
     if (!s) {
-        sp_pager_release(m->pager, sbytes);
+        sp_budget_release(m->budget, SP_BUDGET_KV, kv_bytes);
+        sp_budget_release(m->budget, SP_BUDGET_SCRATCH, scratch_bytes);
         return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     }
     s->model = m;
     s->p = p;
-    s->reserved = sbytes;
+    s->kv_reserved = kv_bytes;
+    s->scratch_reserved = scratch_bytes;
     if ((rc = sp_sampler_init(&p.sampling, p.seed, (int32_t)hp->n_vocab, &s->sampler))) goto fail;
     if ((rc = sp_seq_init(m, &q, &s->seq))) goto fail;
     s->n_rows = p.logits_all ? q.n_batch : 1;
@@ -434,7 +483,8 @@ fail:
 
 void sp_session_free(struct sp_session *s) {
     if (!s) return;
-    sp_pager_release(s->model->pager, s->reserved);
+    sp_budget_release(s->model->budget, SP_BUDGET_KV, s->kv_reserved);
+    sp_budget_release(s->model->budget, SP_BUDGET_SCRATCH, s->scratch_reserved);
     sp_sampler_free(s->sampler);
     sp_seq_free(s->seq);
     sp_free(s->logits);
@@ -906,6 +956,15 @@ sp_status sp_model_plan(struct sp_model *m, const struct sp_session_params *para
 sp_status sp_model_get_mem_stats(const struct sp_model *m, struct sp_mem_stats *out) {
     if (!m || !out) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
     memset(out, 0, sizeof *out);
+    struct sp_budget_stats bs;
+    sp_budget_get(m->budget, &bs);
+    out->account_limit = bs.limit;
+    out->account_used = bs.used;
+    out->account_peak = bs.peak;
+    out->account_weights = bs.owner[SP_BUDGET_WEIGHTS];
+    out->account_kv = bs.owner[SP_BUDGET_KV];
+    out->account_scratch = bs.owner[SP_BUDGET_SCRATCH];
+    out->account_base = bs.owner[SP_BUDGET_BASE];
     if (!m->pager) return SP_OK;
     struct sp_pager_stats st;
     sp_pager_get_stats(m->pager, &st);

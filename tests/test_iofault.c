@@ -155,7 +155,7 @@ static void test_retry_policy(void) {
  * budget of 512 KiB. */
 static struct sp_pager_tuning tight = {.small_bytes = 1024, .margin_set = true, .margin_bytes = 0,
                                        .base_set = true, .base_bytes = 0, .read_bps = 1e9, .mem_bps = 1e10};
-#define WEIGHT_BUDGET (512u * 1024)
+#define WEIGHT_BUDGET (448u * 1024)
 
 static struct sp_session_params session_params(void) {
     struct sp_session_params sp = sp_session_default_params();
@@ -226,6 +226,8 @@ static void run_passes(struct sp_session *s, const struct ref *r, bool stop_earl
 static struct sp_model *load(const char *path, uint64_t budget, sp_status *rc) {
     struct sp_model_params mp = sp_model_default_params();
     mp.mem_budget = budget;
+    mp.n_ctx = 64; /* the envelope: the sessions below (session_params) */
+    mp.n_batch = 2;
     struct sp_model *m = NULL;
     *rc = sp_model_load(path, &mp, &m);
     if (*rc == SP_OK && budget) sp_pager_tune(m->pager, &tight);

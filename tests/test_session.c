@@ -12,6 +12,7 @@
 #include "sparrow.h"
 
 #include "kv/cells.h"
+#include "mem/pager.h"
 #include "model/seq.h"
 
 #include <float.h>
@@ -328,11 +329,63 @@ out:
     sp_model_free(m);
 }
 
+/* One account: with a budget planned for an envelope of one session, that
+ * session fits, a second is refused with the numbers (nothing allocated),
+ * and fits again once the first is gone; the account says who holds what. */
+static void test_budget(void) {
+    const char *path = need_fixture(STORIES);
+    if (!path) return;
+    const struct sp_pager_tuning tight = {.small_bytes = 1024, .margin_set = true, .margin_bytes = 0,
+                                          .base_set = true, .base_bytes = 0, .read_bps = 1e9, .mem_bps = 1e10};
+    struct sp_session_params sp = params(64, SP_KV_F16, 0.0f);
+    sp.n_threads = 1;
+    struct sp_model_params mp = sp_model_default_params();
+    mp.n_ctx = 64;
+    mp.mem_budget = (uint64_t)1 << 40;
+    struct sp_model *m = NULL;
+    struct sp_plan_info pi;
+    CHECK(sp_model_load(path, &mp, &m) == SP_OK);
+    if (!m) return;
+    sp_pager_tune(m->pager, &tight);
+    CHECK(sp_model_plan(m, &sp, &pi) == SP_OK);
+    sp_model_free(m);
+    m = NULL;
+    mp.mem_budget = pi.total_bytes + 1024; /* room for the envelope's one session, not two */
+    CHECK(sp_model_load(path, &mp, &m) == SP_OK);
+    if (!m) return;
+    sp_pager_tune(m->pager, &tight);
+    struct sp_session *a = NULL, *b = NULL;
+    CHECKF(sp_session_init(m, &sp, &a) == SP_OK, "the envelope's session: %s", sp_last_error());
+    struct sp_mem_stats ms;
+    CHECK(sp_model_get_mem_stats(m, &ms) == SP_OK);
+    CHECKF(ms.account_limit == mp.mem_budget && ms.account_used <= ms.account_limit && ms.account_kv > 0 &&
+               ms.account_scratch > 0 && ms.account_weights > 0 && ms.account_used ==
+               ms.account_base + ms.account_weights + ms.account_kv + ms.account_scratch,
+           "account: limit %llu used %llu (weights %llu kv %llu scratch %llu base %llu)",
+           (unsigned long long)ms.account_limit, (unsigned long long)ms.account_used,
+           (unsigned long long)ms.account_weights, (unsigned long long)ms.account_kv,
+           (unsigned long long)ms.account_scratch, (unsigned long long)ms.account_base);
+    const sp_status st = sp_session_init(m, &sp, &b);
+    CHECKF(st == SP_E_NOMEM && !b && strstr(sp_last_error(), "KV cache") && strstr(sp_last_error(), "left"),
+           "a second session: %s (%s)", sp_status_str(st), sp_last_error());
+    printf("  budget: a second session is refused: %s\n", sp_last_error());
+    struct sp_mem_stats ms2;
+    sp_model_get_mem_stats(m, &ms2);
+    CHECK(ms2.account_used == ms.account_used); /* the refusal holds nothing */
+    sp_session_free(a);
+    sp_model_get_mem_stats(m, &ms2);
+    CHECK(ms2.account_kv == 0 && ms2.account_scratch == 0);
+    CHECKF(sp_session_init(m, &sp, &b) == SP_OK, "after the first is gone: %s", sp_last_error());
+    sp_session_free(b);
+    sp_model_free(m);
+}
+
 int main(void) {
     test_save_load();
     test_truncate();
     test_shift_equivalence();
     test_abort_and_context();
+    test_budget();
     printf("test_session: %d checks, %d failed\n", test_checks, test_failures);
     return test_failures != 0;
 }

@@ -92,8 +92,8 @@ struct sp_pager {
 
     /* budgeted back end */
     bool budgeted, applied, streaming;
-    uint64_t reserved;      /* session bytes reserved so far */
-    uint64_t plan_session;  /* session bytes the plan was made for */
+    uint64_t plan_session;  /* session bytes (the envelope) the plan was made for */
+    bool accounted;         /* the plan's base and weights are reserved in cfg.account */
     struct sp_plan plan;
     double read_bps, mem_bps;
     int fd, fd_direct;      /* fd_direct == fd when O_DIRECT is unavailable */
@@ -730,28 +730,36 @@ static void unapply(struct sp_pager *pg) {
     pg->pinned_err_off = 0;
 }
 
-sp_status sp_pager_reserve(struct sp_pager *pg, uint64_t session_bytes) {
-    if (!pg->budgeted) return SP_OK;
-    if (pg->applied) {
-        const uint64_t left = pg->cfg.budget - SP_MIN(pg->cfg.budget, pg->plan.total_bytes);
-        if (pg->reserved + session_bytes > pg->plan_session + left) {
-            return sp_err(SP_E_NOMEM,
-                          "%s: this session needs %.1f MiB (KV cache and scratch) but the memory budget has %.1f MiB "
-                          "left; free other sessions or raise the budget",
-                          __func__, session_bytes / 1048576.0,
-                          (double)(pg->plan_session + left - SP_MIN(pg->reserved, pg->plan_session + left)) / 1048576.0);
-        }
-        pg->reserved += session_bytes;
-        return SP_OK;
-    }
-    sp_status rc = sp_pager_make_plan(pg, session_bytes, &pg->plan);
+/* The weights' share of the account: all the plan holds but the sessions'
+ * envelope (base process, pinned, pools, bookkeeping). */
+static void weights_share(const struct sp_plan *p, uint64_t *base, uint64_t *weights) {
+    *base = p->base_bytes;
+    *weights = p->total_bytes - SP_MIN(p->total_bytes, p->base_bytes + p->session_bytes);
+}
+
+sp_status sp_pager_apply(struct sp_pager *pg, uint64_t envelope_bytes) {
+    if (!pg->budgeted || pg->applied) return SP_OK;
+    sp_status rc = sp_pager_make_plan(pg, envelope_bytes, &pg->plan);
     if (rc) return rc;
-    pg->plan_session = session_bytes;
-    if ((rc = apply_plan(pg))) {
+    pg->plan_session = envelope_bytes;
+    uint64_t base, weights;
+    weights_share(&pg->plan, &base, &weights);
+    if ((rc = sp_budget_reserve(pg->cfg.account, SP_BUDGET_BASE, base, "the process"))) {
         unapply(pg);
         return rc;
     }
-    pg->reserved = session_bytes;
+    if ((rc = sp_budget_reserve(pg->cfg.account, SP_BUDGET_WEIGHTS, weights, "the weights"))) {
+        sp_budget_release(pg->cfg.account, SP_BUDGET_BASE, base);
+        unapply(pg);
+        return rc;
+    }
+    if ((rc = apply_plan(pg))) {
+        sp_budget_release(pg->cfg.account, SP_BUDGET_BASE, base);
+        sp_budget_release(pg->cfg.account, SP_BUDGET_WEIGHTS, weights);
+        unapply(pg);
+        return rc;
+    }
+    pg->accounted = true;
     return SP_OK;
 }
 
@@ -763,12 +771,16 @@ void sp_pager_turn_end(struct sp_pager *pg) {
     if (pg && pg->budgeted && pg->mf->n_tensors) pthread_mutex_unlock(&pg->turn);
 }
 
-void sp_pager_release(struct sp_pager *pg, uint64_t session_bytes) {
-    if (pg && pg->budgeted && pg->applied) pg->reserved -= SP_MIN(pg->reserved, session_bytes);
-}
+
 
 void sp_pager_close(struct sp_pager *pg) {
     if (!pg) return;
+    if (pg->accounted) {
+        uint64_t base, weights;
+        weights_share(&pg->plan, &base, &weights);
+        sp_budget_release(pg->cfg.account, SP_BUDGET_BASE, base);
+        sp_budget_release(pg->cfg.account, SP_BUDGET_WEIGHTS, weights);
+    }
     unapply(pg);
     if (pg->budgeted && pg->mf->n_tensors) {
         pthread_mutex_destroy(&pg->mu);

@@ -22,6 +22,7 @@
 #define SP_PAGER_H
 
 #include "format/model_file.h"
+#include "mem/budget.h"
 #include "mem/plan.h"
 
 struct sp_pager;
@@ -56,6 +57,7 @@ struct sp_pager_config {
      * (sp_pager_wtype says which) */
     bool repack;
     const struct sp_tensor_desc *by_rows; /* read by rows (the input embedding, tied or not): never repacked */
+    struct sp_budget *account; /* the model's memory account (budget.h), or NULL */
     /* Where the resident LOAD back end gets the file's bytes: NULL = pread of
      * mf->path; else fill(fill_user, dst, off, n) writes file bytes
      * [off, off + n) to dst (a model package decompressing its shards
@@ -75,7 +77,7 @@ void sp_pager_close(struct sp_pager *pg);
 /* Tests and experiments: override the planner's unit size, small-tensor
  * threshold, safety margin and the measured process size (base), so tiny
  * models stream like big ones.  Zero fields keep the defaults.  Call before
- * the first sp_pager_reserve. */
+ * the first sp_pager_apply. */
 struct sp_pager_tuning {
     uint64_t unit_bytes, small_bytes;
     bool margin_set, base_set;
@@ -89,11 +91,13 @@ void sp_pager_tune(struct sp_pager *pg, const struct sp_pager_tuning *t);
  * Does not apply it.  SP_E_NOMEM with the minimum budget in the message. */
 sp_status sp_pager_make_plan(struct sp_pager *pg, uint64_t session_bytes, struct sp_plan *out);
 
-/* Reserve session_bytes of the budget for a session.  The first call plans
- * and applies (pins, allocates and locks the pools, starts the I/O threads);
- * later calls must fit in what the plan left.  No-op without a budget. */
-sp_status sp_pager_reserve(struct sp_pager *pg, uint64_t session_bytes);
-void sp_pager_release(struct sp_pager *pg, uint64_t session_bytes);
+/* Budgeted pagers: make the plan for sessions that need envelope_bytes at
+ * most (the model's declared envelope: KV caches, scratch, logits) and apply
+ * it -- pin, allocate and lock the pools, start the I/O threads -- reserving
+ * the process's and the weights' shares in cfg.account (the sessions reserve
+ * their own).  Once: later calls return SP_OK.  No-op without a budget.
+ * SP_E_NOMEM (the message states the minimum budget), SP_E_IO. */
+sp_status sp_pager_apply(struct sp_pager *pg, uint64_t envelope_bytes);
 
 /* Budgeted pagers: forward passes on one model take turns.  One pass holds
  * at most a few pins per pool at once, and the plan gives every pool enough

@@ -47,6 +47,9 @@ struct sp_model {
      * that asks (seq.c); shared by every sequence of those types */
     struct sp_kv_cache *kv[SP_KV_TYPE_COUNT][SP_KV_TYPE_COUNT];
     pthread_mutex_t kv_mu;
+    struct sp_budget *budget; /* the memory account (mem/budget.h): the pager, every session */
+    struct sp_session_params envelope; /* what the budget plans room for, n_seq times (api.c) */
+    uint32_t envelope_n_seq;
     uint8_t fingerprint[32];  /* what a saved session must match (api.c); valid when has_fingerprint */
     bool has_fingerprint;
     struct sp_pager *pager;        /* NULL for vocab-only models */

@@ -191,6 +191,7 @@ static int bench_once(const char *path, enum sp_weight_mode weights, uint64_t me
     struct sp_model_params mp = sp_model_default_params();
     mp.weights = weights;
     mp.mem_budget = mem_budget;
+    envelope_from(&mp, &sp);
     struct sp_mem_stats ms1, ms2;
     const double t0 = now_s();
     rc = sp_model_load(path, &mp, &model);

@@ -240,11 +240,11 @@ int cmd_eval(int argc, char **argv) {
 
     sp_log_set(cli_log, &log_verbose);
     if (text_path && read_all(a.cmd, text_path, &text, &text_len) != 0) goto done;
-    if ((rc = load_model(model_path, tokenizer, false, 0, &model)) != SP_OK) {
+    if ((rc = load_model(model_path, tokenizer, false, 0, NULL, &model)) != SP_OK) {
         ret = lib_error("loading the model", rc);
         goto done;
     }
-    if (ref_path && (rc = load_model(ref_path, tokenizer, false, 0, &ref)) != SP_OK) {
+    if (ref_path && (rc = load_model(ref_path, tokenizer, false, 0, NULL, &ref)) != SP_OK) {
         ret = lib_error("loading the reference", rc);
         goto done;
     }

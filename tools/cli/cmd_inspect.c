@@ -91,7 +91,7 @@ int cmd_inspect(int argc, char **argv) {
     char b1[64], b2[64];
     sp_status rc;
     sp_log_set(cli_log, &log_verbose);
-    rc = load_model(model_path, tokenizer, vocab_only, 0, &model);
+    rc = load_model(model_path, tokenizer, vocab_only, 0, NULL, &model);
     if (rc != SP_OK) return lib_error("loading the model", rc);
     rc = sp_model_get_info(model, &mi);
     if (rc != SP_OK) {

@@ -82,7 +82,7 @@ int cmd_plan(int argc, char **argv) {
     struct sp_model_info mi;
     struct sp_plan_info pi;
     int ret = EXIT_RUNTIME;
-    sp_status rc = load_model(model_path, NULL, false, mem_budget, &model);
+    sp_status rc = load_model(model_path, NULL, false, mem_budget, &sp, &model);
     if (rc != SP_OK) {
         ret = lib_error("loading the model", rc);
         goto done;

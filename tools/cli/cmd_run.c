@@ -177,7 +177,7 @@ int cmd_run(int argc, char **argv) {
 
     sp_log_set(cli_log, &log_verbose);
     const double t_load0 = now_s();
-    rc = load_model(model_path, tokenizer, false, mem_budget, &model);
+    rc = load_model(model_path, tokenizer, false, mem_budget, &sp, &model);
     if (rc != SP_OK) {
         ret = lib_error("loading the model", rc);
         goto done;

@@ -91,7 +91,7 @@ int cmd_tokenize(int argc, char **argv) {
         len = strlen(text);
     }
     sp_log_set(cli_log, &log_verbose);
-    rc = load_model(model_path, tokenizer, true, 0, &model);
+    rc = load_model(model_path, tokenizer, true, 0, NULL, &model);
     if (rc != SP_OK) {
         ret = lib_error("loading the vocabulary", rc);
         goto done;

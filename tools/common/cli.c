@@ -284,12 +284,22 @@ sp_status piece_of(const struct sp_model *m, int32_t tok, struct piece_buf *b, s
     return rc;
 }
 
+void envelope_from(struct sp_model_params *mp, const struct sp_session_params *sp) {
+    if (!sp) return;
+    mp->n_ctx = sp->n_ctx;
+    mp->n_batch = sp->n_batch;
+    mp->n_threads = sp->n_threads;
+    mp->kv_type_k = sp->kv_type_k;
+    mp->kv_type_v = sp->kv_type_v;
+}
+
 sp_status load_model(const char *path, const char *tokenizer, bool vocab_only, uint64_t mem_budget,
-                            struct sp_model **out) {
+                     const struct sp_session_params *env, struct sp_model **out) {
     struct sp_model_params mp = sp_model_default_params();
     mp.tokenizer_path = tokenizer;
     mp.vocab_only = vocab_only;
     mp.mem_budget = mem_budget;
+    envelope_from(&mp, env);
     return sp_model_load(path, &mp, out);
 }
 

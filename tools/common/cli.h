@@ -104,8 +104,12 @@ struct piece_buf {
     size_t cap;
 };
 sp_status piece_of(const struct sp_model *m, int32_t tok, struct piece_buf *b, size_t *n);
+/* Load with a memory budget planned for one session like *env (NULL: the
+ * library's defaults): its context, batch, threads and cache types. */
 sp_status load_model(const char *path, const char *tokenizer, bool vocab_only, uint64_t mem_budget,
-                     struct sp_model **out);
+                     const struct sp_session_params *env, struct sp_model **out);
+/* The envelope of model params from the session's params. */
+void envelope_from(struct sp_model_params *mp, const struct sp_session_params *sp);
 /* "1.13 MiB", "7.24 B" into buf. */
 const char *human_bytes(uint64_t n, char *buf, size_t cap);
 const char *human_count(uint64_t n, char *buf, size_t cap);
