@@ -50,12 +50,18 @@ for op in update pack install; do
     t0=$(date +%s.%N); $CMD; t1=$(date +%s.%N)
     dur=$(echo "$t1 - $t0" | bc -l)
     killed=0 done_=0
-    for k in $(seq "$N"); do
+    # the moments, drawn before any command starts (a python start per kill
+    # would itself take most of a short command's time)
+    python3 -c "import random; print('\n'.join('%.4f' % random.uniform(0, $dur) for _ in range($N)))" > "$W/moments"
+    k=0
+    while read -r moment; do
+        k=$((k + 1))
         prep $op
         $CMD & pid=$!
-        sleep "$(python3 -c "import random; print(random.uniform(0, $dur))")"
-        kill -9 $pid 2>/dev/null && killed=$((killed + 1)) || done_=$((done_ + 1))
-        wait $pid 2>/dev/null || true
+        sleep "$moment"
+        kill -9 $pid 2>/dev/null || true
+        st=0; wait $pid 2>/dev/null || st=$?
+        if [ $st -eq 137 ]; then killed=$((killed + 1)); else done_=$((done_ + 1)); fi
         if cmp -s "$T" "$OLD"; then state=old; elif cmp -s "$T" "$NEW"; then state=new; else state=BROKEN; fi
         [ $state = BROKEN ] && { echo "FAIL: $op kill $k: the target is neither the old nor the new file"; fail=1; }
         "$SPARROW" inspect "$T" > /dev/null 2>&1 || { echo "FAIL: $op kill $k: the target does not load"; fail=1; }
@@ -64,7 +70,7 @@ for op in update pack install; do
         if [ $op != update ] || [ $state = old ]; then $CMD || { echo "FAIL: $op kill $k: the rerun failed"; fail=1; }; fi
         cmp -s "$T" "$NEW" || { echo "FAIL: $op kill $k: the rerun did not give the new file"; fail=1; }
         ls "$W" | grep -q '\.tmp' && { echo "FAIL: $op kill $k: a temporary file was left"; fail=1; }
-    done
+    done < "$W/moments"
     printf '%-8s %d kills (%d while running, %d after it had finished), command %.2f s: target always old or new, reruns complete\n' \
         $op "$N" $killed $done_ "$dur"
 done
