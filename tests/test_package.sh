@@ -52,10 +52,10 @@ cp "$tmp/out" "$tmp/gguf.txt"
 sp run -m "$tmp/m.spk" -p "Once upon a time" -n 24 --temp 0
 t_rc "run -m PKG.spk" 0
 t_file "run -m PKG.spk: the GGUF's text" "$tmp/gguf.txt"
-sp run -m "$tmp/m.spk" -p "Once upon a time" -n 24 --temp 0 --mem-budget 64M
+sp run -m "$tmp/m.spk" -p "Once upon a time" -n 24 --temp 0 --mem-budget 2G
 t_file "run -m PKG.spk --mem-budget: the GGUF's text" "$tmp/gguf.txt"
 t_err_has "run -m PKG.spk --mem-budget: says it installs" "budgeted run" "installed the package once into"
-sp run -m "$tmp/m.spk" -p "Once upon a time" -n 24 --temp 0 --mem-budget 64M
+sp run -m "$tmp/m.spk" -p "Once upon a time" -n 24 --temp 0 --mem-budget 2G
 t_err_has "run -m PKG.spk --mem-budget again: the cached copy" "running from its copy installed in"
 sp tokenize -m "$tmp/m.spk" "Once upon a time"
 t_rc "tokenize -m PKG.spk" 0
