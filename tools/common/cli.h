@@ -95,6 +95,18 @@ sp_status load_model(const char *path, const char *tokenizer, bool vocab_only, u
 const char *human_bytes(uint64_t n, char *buf, size_t cap);
 const char *human_count(uint64_t n, char *buf, size_t cap);
 
+/* ---- a progress bar on stderr ---------------------------------------------------
+ * "[####....]  42.0%  1234.5 / 3000.0 MB  250.0 MB/s  ETA 7 s": redrawn in
+ * place at most 5 times a second on a terminal, one line per tenth otherwise;
+ * nothing when quiet.  progress_done ends a redrawn line. */
+struct progress {
+    double t0, last;
+    int tty, last_decile, quiet, drawn;
+};
+void progress_init(struct progress *p, int quiet);
+void progress_draw(struct progress *p, uint64_t done, uint64_t total);
+void progress_done(struct progress *p);
+
 /* ---- JSON output on stdout ---------------------------------------------------- */
 
 void json_string(const char *s);
