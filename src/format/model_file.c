@@ -349,6 +349,7 @@ static sp_status read_hparams(struct sp_model_file *mf, bool vocab_only) {
     /* Consistency, so that later layers can size buffers from these. */
     const char *bad = NULL;
     if (hp->n_ctx_train == 0) bad = "context_length is 0";
+    else if (hp->n_ctx_train > SP_MAX_CTX_TRAIN) bad = "context_length is absurd (more than 16777216 positions)";
     else if (hp->n_embd == 0) bad = "embedding_length is 0";
     else if (hp->n_layers == 0) bad = "block_count is 0";
     else if (hp->n_kv_heads == 0 || hp->n_heads % hp->n_kv_heads != 0) bad = "attention.head_count is not a multiple of attention.head_count_kv";

@@ -10,6 +10,11 @@
 #ifndef SP_MODEL_FILE_H
 #define SP_MODEL_FILE_H
 
+/* The longest trained context a file may claim: 16M positions (the longest
+ * released models claim 10M).  More is a broken header -- 0xFFFFFFFF, say --
+ * refused at load, naming context_length. */
+#define SP_MAX_CTX_TRAIN (1u << 24)
+
 #include "core/core.h"
 
 #include <stdbool.h>
@@ -28,7 +33,7 @@ const char *sp_arch_name(enum sp_arch a); /* "llama", "qwen2", ... */
 struct sp_hparams {
     enum sp_arch arch;
     uint32_t n_vocab;        /* rows of token_embd */
-    uint32_t n_ctx_train;    /* context_length */
+    uint32_t n_ctx_train;    /* context_length, 1..SP_MAX_CTX_TRAIN */
     uint32_t n_embd;         /* embedding_length */
     uint32_t n_layers;       /* block_count */
     uint32_t n_heads;        /* attention.head_count */
