@@ -69,7 +69,7 @@ for op in update pack install; do
         # patch is for the old model, and the new one would refuse it)
         if [ $op != update ] || [ $state = old ]; then $CMD || { echo "FAIL: $op kill $k: the rerun failed"; fail=1; }; fi
         cmp -s "$T" "$NEW" || { echo "FAIL: $op kill $k: the rerun did not give the new file"; fail=1; }
-        ls "$W" | grep -q '\.tmp' && { echo "FAIL: $op kill $k: a temporary file was left"; fail=1; }
+        ls "$W" | grep -q 'sparrow-tmp' && { echo "FAIL: $op kill $k: a temporary file was left"; fail=1; }
     done < "$W/moments"
     printf '%-8s %d kills (%d while running, %d after it had finished), command %.2f s: target always old or new, reruns complete\n' \
         $op "$N" $killed $done_ "$dur"
@@ -87,7 +87,7 @@ if [ "$(id -u)" -eq 0 ]; then
         pack)    out=$("$SPARROW" pack "$W/new.gguf" -o "$MNT/m.spk" -q 2>&1) && r=0 || r=$? ;;
         install) out=$("$SPARROW" install "$W/new.spk" -o "$MNT/m.gguf" -q 2>&1) && r=0 || r=$? ;;
         esac
-        if [ $r -ne 0 ] && cmp -s "$MNT/m.gguf" "$W/old.gguf" && ! ls "$MNT" | grep -q '\.tmp' && [ ! -e "$MNT/m.spk" ]; then
+        if [ $r -ne 0 ] && cmp -s "$MNT/m.gguf" "$W/old.gguf" && ! ls "$MNT" | grep -q 'sparrow-tmp' && [ ! -e "$MNT/m.spk" ]; then
             echo "full disk, $what: refused ($out); the old model is intact, no temporary file"
         else
             echo "FAIL: full disk, $what: exit $r ($out)"; fail=1

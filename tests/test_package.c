@@ -67,7 +67,7 @@ static int count_tmp_files(void) {
     DIR *d = opendir(dir);
     int n = 0;
     if (!d) return -1;
-    for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, ".tmp") != NULL;
+    for (struct dirent *e; (e = readdir(d));) n += strstr(e->d_name, "tmp") != NULL; /* .sparrow-tmp.<pid> */
     closedir(d);
     return n;
 }

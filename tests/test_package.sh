@@ -16,7 +16,7 @@ name=package
 . "$root/tests/lib/harness.sh"
 export SPARROW_CACHE="$tmp/cache"
 t_same() { if cmp -s "$2" "$3"; then ok "$1: byte-identical"; else bad "$1: $2 and $3 differ"; fi; }
-t_nofile() { if [ ! -e "$2" ] && ! ls "$tmp" | grep -q '\.tmp'; then ok "$1: nothing left"; else bad "$1: a file was left" "$(ls "$tmp")"; fi; }
+t_nofile() { if [ ! -e "$2" ] && ! ls "$tmp" | grep -q 'sparrow-tmp'; then ok "$1: nothing left"; else bad "$1: a file was left" "$(ls "$tmp")"; fi; }
 
 # ---- help and usage errors
 for c in pack install diff update patch edit; do
