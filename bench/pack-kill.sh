@@ -50,12 +50,18 @@ for op in update pack install; do
     t0=$(date +%s.%N); $CMD; t1=$(date +%s.%N)
     dur=$(echo "$t1 - $t0" | bc -l)
     killed=0 done_=0
-    for k in $(seq "$N"); do
+    # the moments, drawn before any command starts (a python start per kill
+    # would itself take most of a short command's time)
+    python3 -c "import random; print('\n'.join('%.4f' % random.uniform(0, $dur) for _ in range($N)))" > "$W/moments"
+    k=0
+    while read -r moment; do
+        k=$((k + 1))
         prep $op
         $CMD & pid=$!
-        sleep "$(python3 -c "import random; print(random.uniform(0, $dur))")"
-        kill -9 $pid 2>/dev/null && killed=$((killed + 1)) || done_=$((done_ + 1))
-        wait $pid 2>/dev/null || true
+        sleep "$moment"
+        kill -9 $pid 2>/dev/null || true
+        st=0; wait $pid 2>/dev/null || st=$?
+        if [ $st -eq 137 ]; then killed=$((killed + 1)); else done_=$((done_ + 1)); fi
         if cmp -s "$T" "$OLD"; then state=old; elif cmp -s "$T" "$NEW"; then state=new; else state=BROKEN; fi
         [ $state = BROKEN ] && { echo "FAIL: $op kill $k: the target is neither the old nor the new file"; fail=1; }
         "$SPARROW" inspect "$T" > /dev/null 2>&1 || { echo "FAIL: $op kill $k: the target does not load"; fail=1; }
@@ -63,8 +69,8 @@ for op in update pack install; do
         # patch is for the old model, and the new one would refuse it)
         if [ $op != update ] || [ $state = old ]; then $CMD || { echo "FAIL: $op kill $k: the rerun failed"; fail=1; }; fi
         cmp -s "$T" "$NEW" || { echo "FAIL: $op kill $k: the rerun did not give the new file"; fail=1; }
-        ls "$W" | grep -q '\.tmp' && { echo "FAIL: $op kill $k: a temporary file was left"; fail=1; }
-    done
+        ls "$W" | grep -q 'sparrow-tmp' && { echo "FAIL: $op kill $k: a temporary file was left"; fail=1; }
+    done < "$W/moments"
     printf '%-8s %d kills (%d while running, %d after it had finished), command %.2f s: target always old or new, reruns complete\n' \
         $op "$N" $killed $done_ "$dur"
 done
@@ -81,7 +87,7 @@ if [ "$(id -u)" -eq 0 ]; then
         pack)    out=$("$SPARROW" pack "$W/new.gguf" -o "$MNT/m.spk" -q 2>&1) && r=0 || r=$? ;;
         install) out=$("$SPARROW" install "$W/new.spk" -o "$MNT/m.gguf" -q 2>&1) && r=0 || r=$? ;;
         esac
-        if [ $r -ne 0 ] && cmp -s "$MNT/m.gguf" "$W/old.gguf" && ! ls "$MNT" | grep -q '\.tmp' && [ ! -e "$MNT/m.spk" ]; then
+        if [ $r -ne 0 ] && cmp -s "$MNT/m.gguf" "$W/old.gguf" && ! ls "$MNT" | grep -q 'sparrow-tmp' && [ ! -e "$MNT/m.spk" ]; then
             echo "full disk, $what: refused ($out); the old model is intact, no temporary file"
         else
             echo "FAIL: full disk, $what: exit $r ($out)"; fail=1

@@ -21,7 +21,8 @@
 #        written with `sparrow synth --shape deep-moe --type f16` if absent)
 # Needs: the Debian packages zstd and xdelta3 (apt-get install zstd xdelta3),
 # GNU time (/usr/bin/time, package time) for peak memory, python3, bc.
-# Environment: SPARROW (build/sparrow), THREADS (2), LAYER (7), SPARROW_SCRATCH.
+# Environment: SPARROW (build/sparrow), THREADS (2), LAYER (7), REPS (5: apply and
+# install timings, the median), SPARROW_SCRATCH.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 SPARROW=${SPARROW:-$root/build/sparrow}
@@ -83,12 +84,16 @@ for c in a b c; do
     set -- $(measure xdelta3 -e -f -9 -B 536870912 -s "$W/base.gguf" "$new" "$W/$c.xd3")
     xd_s=$1 xd_kib=$2
     xd=$(stat -c %s "$W/$c.xd3")
-    # apply Sparrow's patch (GGUF -> GGUF) against a full install of the new package, both warm
+    # apply Sparrow's patch (GGUF -> GGUF) against a full install of the new package, both warm,
+    # alternating, the median of REPS each (single runs on a shared machine are noise)
     cat "$W/base.gguf" "$W/$c.spkd" "$W/$c.spk" > /dev/null
-    "$SPARROW" patch "$W/base.gguf" "$W/$c.spkd" -o "$W/$c.applied" -t "$THREADS" -q --json > "$W/p.json"
-    ap=$(J "$W/p.json" "['seconds']")
-    "$SPARROW" install "$W/$c.spk" -o "$W/$c.inst" -t "$THREADS" -q --json > "$W/i.json"
-    in=$(J "$W/i.json" "['seconds']")
+    : > "$W/ap"; : > "$W/in"
+    for r in $(seq "${REPS:-5}"); do
+        "$SPARROW" patch "$W/base.gguf" "$W/$c.spkd" -o "$W/$c.applied" -t "$THREADS" -q --json | J /dev/stdin "['seconds']" >> "$W/ap"
+        "$SPARROW" install "$W/$c.spk" -o "$W/$c.inst" -t "$THREADS" -q --json | J /dev/stdin "['seconds']" >> "$W/in"
+    done
+    ap=$(sort -n "$W/ap" | sed -n "$(( (${REPS:-5} + 1) / 2 ))p")
+    in=$(sort -n "$W/in" | sed -n "$(( (${REPS:-5} + 1) / 2 ))p")
     cmp -s "$W/$c.applied" "$new" || { echo "FAIL: $c: the patched file differs"; fail=1; }
     cmp -s "$W/$c.inst" "$new" || { echo "FAIL: $c: the installed file differs"; fail=1; }
     # and the package route: patch the base package, install, compare

@@ -672,11 +672,11 @@ sp_status sp_quantize_policy_info(int32_t i, const char **name, const char **abo
  * unchanged shards are referenced, changed ones travel whole or as a zstd
  * delta against the old shard.  sp_model_load reads packages directly.
  *
- * Every writer here writes "<out>.tmp" in the output's folder (locked; one
- * left by a killed writer is taken over by the next), fsyncs it, renames it
- * over out and fsyncs the folder: out is at every instant the old file or
- * the new one, whole.  On failure the temporary file is removed.  Every
- * shard's hash is checked before its bytes are used.
+ * Every writer here writes "<out>.sparrow-tmp.<pid>" in the output's folder
+ * (one a killed writer left is removed by the next writer of out), fsyncs
+ * it, renames it over out and fsyncs the folder: out is at every instant
+ * the old file or the new one, whole.  On failure the temporary file is
+ * removed.  Every shard's hash is checked before its bytes are used.
  *
  * A model's content id is the SHA-256 of its manifest's content section
  * (the GGUF header, shard offsets, sizes and raw hashes): it depends only on
@@ -711,8 +711,7 @@ struct sp_package_stats {
 /* Pack the GGUF at in into the package out.  The same file and parameters
  * give the same bytes (whatever n_threads).  st may be NULL.  Returns SP_OK,
  * SP_E_INVALID (in is not a GGUF file, bad parameters), SP_E_FORMAT,
- * SP_E_IO (message names the file), SP_E_NOMEM, SP_E_STATE (cancelled, or
- * another process is writing out). */
+ * SP_E_IO (message names the file), SP_E_NOMEM, SP_E_STATE (cancelled). */
 sp_status sp_package_pack(const char *in, const char *out, const struct sp_package_params *params,
                           struct sp_package_stats *st);
 

@@ -16,7 +16,7 @@ name=package
 . "$root/tests/lib/harness.sh"
 export SPARROW_CACHE="$tmp/cache"
 t_same() { if cmp -s "$2" "$3"; then ok "$1: byte-identical"; else bad "$1: $2 and $3 differ"; fi; }
-t_nofile() { if [ ! -e "$2" ] && ! ls "$tmp" | grep -q '\.tmp'; then ok "$1: nothing left"; else bad "$1: a file was left" "$(ls "$tmp")"; fi; }
+t_nofile() { if [ ! -e "$2" ] && ! ls "$tmp" | grep -q 'sparrow-tmp'; then ok "$1: nothing left"; else bad "$1: a file was left" "$(ls "$tmp")"; fi; }
 
 # ---- help and usage errors
 for c in pack install diff update patch edit; do
@@ -52,10 +52,10 @@ cp "$tmp/out" "$tmp/gguf.txt"
 sp run -m "$tmp/m.spk" -p "Once upon a time" -n 24 --temp 0
 t_rc "run -m PKG.spk" 0
 t_file "run -m PKG.spk: the GGUF's text" "$tmp/gguf.txt"
-sp run -m "$tmp/m.spk" -p "Once upon a time" -n 24 --temp 0 --mem-budget 64M
+sp run -m "$tmp/m.spk" -p "Once upon a time" -n 24 --temp 0 --mem-budget 2G
 t_file "run -m PKG.spk --mem-budget: the GGUF's text" "$tmp/gguf.txt"
 t_err_has "run -m PKG.spk --mem-budget: says it installs" "budgeted run" "installed the package once into"
-sp run -m "$tmp/m.spk" -p "Once upon a time" -n 24 --temp 0 --mem-budget 64M
+sp run -m "$tmp/m.spk" -p "Once upon a time" -n 24 --temp 0 --mem-budget 2G
 t_err_has "run -m PKG.spk --mem-budget again: the cached copy" "running from its copy installed in"
 sp tokenize -m "$tmp/m.spk" "Once upon a time"
 t_rc "tokenize -m PKG.spk" 0

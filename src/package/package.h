@@ -16,11 +16,11 @@
 #include <stdatomic.h>
 
 /* ---- atomic output (out.c) ------------------------------------------------
- * Bytes go to "<path>.tmp" in the target's folder, locked with flock so two
- * writers cannot share it; a temporary file left by a killed writer is taken
- * over (truncated) by the next one.  commit: fsync, rename over path, fsync
- * the folder -- at every instant path is the old file or the new one, whole.
- * abort (or commit failing): the temporary file is removed, path untouched. */
+ * Bytes go to "<path>.sparrow-tmp.<pid>" in the target's folder (core/file.h:
+ * the temporary a killed writer left is removed by the next writer of path).
+ * commit: fsync, rename over path, fsync the folder -- at every instant path
+ * is the old file or the new one, whole.  abort (or commit failing): the
+ * temporary file is removed, path untouched. */
 struct sp_out {
     char *path, *tmp;
     int fd;

@@ -20,33 +20,13 @@ static void pkg_on_signal(int sig) {
 }
 
 struct pkg_progress {
-    double t0, last;
-    int tty, last_decile, drawn;
-    const struct pkg_cli *c;
+    struct progress bar;
 };
 
 static bool pkg_progress_cb(uint64_t done, uint64_t total, void *user) {
     struct pkg_progress *pr = user;
     if (pkg_interrupted) return false;
-    if (pr->c->quiet) return true;
-    const double t = now_s(), el = t - pr->t0;
-    const double frac = total ? (double)done / (double)total : 1.0;
-    const int decile = (int)(frac * 10.0);
-    if (pr->tty) {
-        if (done != total && t - pr->last < 0.2) return true;
-    } else if (decile == pr->last_decile && done != total) {
-        return true;
-    }
-    pr->last = t;
-    pr->last_decile = decile;
-    const double mb = (double)done / 1e6, rate = el > 0 ? mb / el : 0.0;
-    char bar[31];
-    const int fill = (int)(frac * 30.0);
-    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
-    bar[30] = '\0';
-    fprintf(stderr, "%s[%s] %5.1f%%  %9.1f / %.1f MB  %6.1f MB/s%s", pr->tty ? "\r" : "", bar, frac * 100.0, mb,
-            (double)total / 1e6, rate, pr->tty ? "  " : "\n");
-    pr->drawn = 1;
+    progress_draw(&pr->bar, done, total);
     return true;
 }
 
@@ -102,12 +82,13 @@ int pkg_run(struct pkg_cli *c, sp_status (*fn)(struct pkg_cli *c), const char *t
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    struct pkg_progress pr = {.t0 = now_s(), .tty = isatty(STDERR_FILENO), .last_decile = -1, .c = c};
+    struct pkg_progress pr;
+    progress_init(&pr.bar, c->quiet);
     c->p.progress = pkg_progress_cb;
     c->p.progress_user = &pr;
     memset(&c->st, 0, sizeof c->st);
     const sp_status rc = fn(c);
-    if (pr.drawn && pr.tty) fputc('\n', stderr);
+    progress_done(&pr.bar);
     if (rc != SP_OK) {
         if (pkg_interrupted) {
             fprintf(stderr, "sparrow: %s: interrupted; '%s' was left as it was\n", c->cmd, target);

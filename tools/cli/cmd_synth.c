@@ -98,33 +98,13 @@ static void synth_on_signal(int sig) {
 /* Progress bar state: on a terminal the line is redrawn with '\r' a few
  * times a second; otherwise a line is printed every 10%. */
 struct synth_progress {
-    double t0, last;
-    int tty, last_decile, quiet, drawn;
+    struct progress bar;
 };
 
 static bool synth_progress_cb(uint64_t done, uint64_t total, void *user) {
     struct synth_progress *pr = user;
     if (synth_interrupted) return false;
-    if (pr->quiet) return true;
-    const double t = now_s(), el = t - pr->t0;
-    const double frac = total ? (double)done / (double)total : 1.0;
-    const int decile = (int)(frac * 10.0);
-    if (pr->tty) {
-        if (done != total && t - pr->last < 0.2) return true;
-    } else if (decile == pr->last_decile && done != total) {
-        return true;
-    }
-    pr->last = t;
-    pr->last_decile = decile;
-    const double mb = (double)done / 1e6, rate = el > 0 ? mb / el : 0.0;
-    const double eta = rate > 0 ? ((double)(total - done) / 1e6) / rate : 0.0;
-    char bar[31];
-    const int fill = (int)(frac * 30.0);
-    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
-    bar[30] = '\0';
-    fprintf(stderr, "%s[%s] %5.1f%%  %9.1f / %.1f MB  %6.1f MB/s  ETA %4.0f s%s", pr->tty ? "\r" : "", bar,
-            frac * 100.0, mb, (double)total / 1e6, rate, eta, pr->tty ? "  " : "\n");
-    pr->drawn = 1;
+    progress_draw(&pr->bar, done, total);
     return true;
 }
 
@@ -181,7 +161,8 @@ int cmd_synth(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    struct synth_progress pr = {.t0 = now_s(), .tty = isatty(STDERR_FILENO), .last_decile = -1, .quiet = quiet};
+    struct synth_progress pr;
+    progress_init(&pr.bar, quiet);
     char b1[64], b2[64];
     if (!quiet) {
         fprintf(stderr, "sparrow: synth %s %s seed %" PRIu64 ": %s parameters, %s of tensor data -> %s\n", p.shape,
@@ -190,7 +171,7 @@ int cmd_synth(int argc, char **argv) {
     p.progress = synth_progress_cb;
     p.progress_user = &pr;
     sp_status rc = sp_synth(&p);
-    if (pr.drawn && pr.tty) fputc('\n', stderr);
+    progress_done(&pr.bar);
     if (rc != SP_OK) {
         if (synth_interrupted) {
             fprintf(stderr, "sparrow: synth: interrupted; '%s' was not written\n", p.path);
@@ -198,7 +179,7 @@ int cmd_synth(int argc, char **argv) {
         }
         return lib_error("writing the model", rc);
     }
-    const double el = now_s() - pr.t0;
+    const double el = now_s() - pr.bar.t0;
     if (!quiet) {
         fprintf(stderr, "sparrow: wrote %s (%s) in %.1f s, %.1f MB/s\n", p.path, human_bytes(bytes, b1, sizeof b1),
                 el, el > 0 ? (double)bytes / 1e6 / el : 0.0);

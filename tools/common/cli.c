@@ -391,3 +391,36 @@ void json_key_num(const char *key, double v, int integer) {
     json_number(v, integer);
 }
 
+
+/* ---- progress bar ------------------------------------------------------------------ */
+
+void progress_init(struct progress *p, int quiet) {
+    *p = (struct progress){.t0 = now_s(), .tty = isatty(STDERR_FILENO), .last_decile = -1, .quiet = quiet};
+}
+
+void progress_draw(struct progress *p, uint64_t done, uint64_t total) {
+    if (p->quiet) return;
+    const double t = now_s(), el = t - p->t0;
+    const double frac = total ? (double)done / (double)total : 1.0;
+    const int decile = (int)(frac * 10.0);
+    if (p->tty) {
+        if (done != total && t - p->last < 0.2) return;
+    } else if (decile == p->last_decile && done != total) {
+        return;
+    }
+    p->last = t;
+    p->last_decile = decile;
+    const double mb = (double)done / 1e6, rate = el > 0 ? mb / el : 0.0;
+    const double eta = rate > 0 ? ((double)(total - done) / 1e6) / rate : 0.0;
+    char bar[31];
+    const int fill = (int)(frac * 30.0);
+    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+    bar[30] = '\0';
+    fprintf(stderr, "%s[%s] %5.1f%%  %9.1f / %.1f MB  %6.1f MB/s  ETA %4.0f s%s", p->tty ? "\r" : "", bar,
+            frac * 100.0, mb, (double)total / 1e6, rate, eta, p->tty ? "  " : "\n");
+    p->drawn = 1;
+}
+
+void progress_done(struct progress *p) {
+    if (p->drawn && p->tty) fputc('\n', stderr);
+}

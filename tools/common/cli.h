@@ -114,6 +114,18 @@ void envelope_from(struct sp_model_params *mp, const struct sp_session_params *s
 const char *human_bytes(uint64_t n, char *buf, size_t cap);
 const char *human_count(uint64_t n, char *buf, size_t cap);
 
+/* ---- a progress bar on stderr ---------------------------------------------------
+ * "[####....]  42.0%  1234.5 / 3000.0 MB  250.0 MB/s  ETA 7 s": redrawn in
+ * place at most 5 times a second on a terminal, one line per tenth otherwise;
+ * nothing when quiet.  progress_done ends a redrawn line. */
+struct progress {
+    double t0, last;
+    int tty, last_decile, quiet, drawn;
+};
+void progress_init(struct progress *p, int quiet);
+void progress_draw(struct progress *p, uint64_t done, uint64_t total);
+void progress_done(struct progress *p);
+
 /* ---- JSON output on stdout ---------------------------------------------------- */
 
 void json_string(const char *s);
