@@ -14,6 +14,13 @@
 #   MEMBW         membw binary (default: build/bench/membw; built by `make bench`)
 #   ROUNDS        rounds, >= 3 recommended (default 3)
 #   N_PROMPT, N_GEN   prompt and generated tokens (default 128 and 32)
+#   DEPTH         tokens already in the context for both tests (llama-bench -d;
+#                 default 0): long-context prefill and decode
+#   CTK, CTV      KV cache types of keys and values for both engines (default
+#                 f16; Sparrow also takes q4h)
+#   LLAMA_FA      llama-bench's flash attention: on, off or auto (default: on
+#                 with a depth or a quantized cache, else llama-bench's default)
+#   LLAMA_REPS    llama-bench repetitions per call (-r; default 1)
 #   SPARROW_ARGS  extra arguments for `sparrow bench` (e.g. "--weights mmap")
 #   LLAMA_ARGS    extra arguments for llama-bench (e.g. "-fa off")
 #   KEEP          a folder to keep the raw JSON and time(1) outputs in
@@ -33,6 +40,13 @@ MEMBW=${MEMBW:-$root/build/bench/membw}
 ROUNDS=${ROUNDS:-3}
 N_PROMPT=${N_PROMPT:-128}
 N_GEN=${N_GEN:-32}
+DEPTH=${DEPTH:-0}
+CTK=${CTK:-f16}
+CTV=${CTV:-f16}
+LLAMA_REPS=${LLAMA_REPS:-1}
+if [ -z "${LLAMA_FA:-}" ]; then
+    if [ "$DEPTH" -gt 0 ] || [ "$CTK" != f16 ] || [ "$CTV" != f16 ]; then LLAMA_FA=on; else LLAMA_FA=auto; fi
+fi
 SPARROW_ARGS=${SPARROW_ARGS:-}
 LLAMA_ARGS=${LLAMA_ARGS:-}
 
@@ -58,7 +72,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-echo "compare.sh: $(basename "$MODEL"), $THREADS threads, p=$N_PROMPT n=$N_GEN, $ROUNDS rounds" >&2
+echo "compare.sh: $(basename "$MODEL"), $THREADS threads, d=$DEPTH p=$N_PROMPT n=$N_GEN, cache $CTK/$CTV, $ROUNDS rounds" >&2
 # Memory bandwidth before and after the rounds (the higher median is the
 # bound: contention from other work only lowers it), and the load average,
 # which says how quiet the machine was.
@@ -69,13 +83,15 @@ r=1
 while [ "$r" -le "$ROUNDS" ]; do
     echo "  round $r/$ROUNDS: sparrow bench ..." >&2
     # shellcheck disable=SC2086 # SPARROW_ARGS is a word list on purpose
-    "$SPARROW" bench -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" --json $SPARROW_ARGS \
+    "$SPARROW" bench -m "$MODEL" -d "$DEPTH" -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" -ctk "$CTK" -ctv "$CTV" \
+        --json $SPARROW_ARGS \
         >"$tmp/sparrow.$r.json" 2>"$tmp/sparrow.$r.err" || {
         echo "compare.sh: sparrow bench failed:" >&2; cat "$tmp/sparrow.$r.err" >&2; exit 1; }
     echo "  round $r/$ROUNDS: llama-bench ..." >&2
     # shellcheck disable=SC2086
-    /usr/bin/time -v -o "$tmp/llama.$r.time" "$LLAMA_BENCH" -m "$MODEL" -p "$N_PROMPT" -n "$N_GEN" -t "$THREADS" \
-        -r 1 -o json $LLAMA_ARGS >"$tmp/llama.$r.json" 2>"$tmp/llama.$r.err" || {
+    /usr/bin/time -v -o "$tmp/llama.$r.time" "$LLAMA_BENCH" -m "$MODEL" -d "$DEPTH" -p "$N_PROMPT" -n "$N_GEN" \
+        -t "$THREADS" -ctk "$CTK" -ctv "$CTV" -fa "$LLAMA_FA" -r "$LLAMA_REPS" -o json $LLAMA_ARGS \
+        >"$tmp/llama.$r.json" 2>"$tmp/llama.$r.err" || {
         echo "compare.sh: llama-bench failed:" >&2; tail -n 20 "$tmp/llama.$r.err" >&2; exit 1; }
     r=$((r + 1))
 done
@@ -93,10 +109,12 @@ for r in range(1, rounds + 1):
     sp.append(json.load(open(os.path.join(tmp, "sparrow.%d.json" % r))))
     tests = json.load(open(os.path.join(tmp, "llama.%d.json" % r)))
     for t in tests:
+        # each repetition of a call counts (llama-bench -r: its samples_ts)
+        ts = t.get("samples_ts") or [t["avg_ts"]]
         if t.get("n_prompt", 0) > 0 and t.get("n_gen", 0) == 0:
-            ll_pp.append(t["avg_ts"])
+            ll_pp.extend(ts)
         elif t.get("n_gen", 0) > 0 and t.get("n_prompt", 0) == 0:
-            ll_tg.append(t["avg_ts"])
+            ll_tg.extend(ts)
     m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(os.path.join(tmp, "llama.%d.time" % r)).read())
     ll_rss.append(int(m.group(1)) * 1024 if m else float("nan"))
 peer = tests[0] if tests else {}
@@ -105,7 +123,8 @@ bw_all = [next(x["gbps_median"] for x in b["results"] if x["threads"] == threads
 bw, bw_gbps = bws[0], max(bw_all)
 load = [open(os.path.join(tmp, "loadavg." + k)).read().split() for k in ("start", "end")]
 bpt = sp[0]["model_bytes_per_token"]
-bound = bw_gbps * 1e9 / bpt
+kvpt = med([s.get("kv_bytes_per_token") or 0 for s in sp])
+bound = bw_gbps * 1e9 / (bpt + kvpt)
 
 def col(key):
     return [s[key] for s in sp if s.get(key) is not None]
@@ -118,10 +137,11 @@ def ratio(a, b):
 def spread(v):
     return "%.0f%%" % (100.0 * (max(v) - min(v)) / med(v)) if len(v) > 1 and med(v) else "-"
 
-print("model: %s (%.2f GiB of tensors, %.1f MiB read per decoded token)" %
-      (os.path.basename(model), sp[0]["model_tensor_bytes"] / 1073741824.0, bpt / MiB))
-print("threads %d, prompt %d, gen %d, %d rounds (medians; spread = (max-min)/median over the rounds)" %
-      (threads, sp[0]["n_prompt"], sp[0]["n_gen"], rounds))
+print("model: %s (%.2f GiB of tensors, %.1f MiB of weights + %.1f MiB of KV cache read per decoded token)" %
+      (os.path.basename(model), sp[0]["model_tensor_bytes"] / 1073741824.0, bpt / MiB, kvpt / MiB))
+print("threads %d, depth %d, prompt %d, gen %d, cache %s/%s, %d rounds (medians; spread = (max-min)/median over "
+      "the rounds)" % (threads, sp[0].get("n_depth", 0), sp[0]["n_prompt"], sp[0]["n_gen"],
+                       sp[0].get("cache_type_k", "?"), sp[0].get("cache_type_v", "?"), rounds))
 print("peer: llama.cpp build %s (%s), %s, flash_attn %s, type_k %s, n_batch %s, n_ubatch %s" %
       (peer.get("build_commit", "?"), peer.get("build_number", "?"), peer.get("backends", "?"),
        peer.get("flash_attn", "?"), peer.get("type_k", "?"), peer.get("n_batch", "?"), peer.get("n_ubatch", "?")))
@@ -141,8 +161,18 @@ print("| load s (Sparrow: load + session) | %.2f | - | | %s / - |" % (med(col("l
 print("| time to first token s | %.2f | - | | %s / - |" % (med(col("ttft_s")), spread(col("ttft_s"))))
 print()
 print("memory bandwidth (membw, %d threads, %s loads, median of 5 passes; before / after the rounds): "
-      "%.2f / %.2f GB/s -> decode bound %.2f tok/s" % (threads, bw.get("kernel", "?"), bw_all[0], bw_all[1], bound))
+      "%.2f / %.2f GB/s -> decode bound %.2f tok/s (weights + KV bytes per token / the higher)" %
+      (threads, bw.get("kernel", "?"), bw_all[0], bw_all[1], bound))
 print("fraction of the bound: Sparrow %.0f%%, llama.cpp %.0f%%" % (100.0 * s_tg / bound, 100.0 * p_tg / bound))
+d0, n0, p0 = sp[0].get("n_depth", 0), sp[0]["n_gen"], sp[0]["n_prompt"]
+if kvpt > 0:
+    cell = kvpt / (d0 + (n0 + 1) / 2.0)  # bytes one token's K and V take in these types (the same in both engines)
+    sp_ctx = sp[0]["n_ctx"]
+    sp_cells = ((sp_ctx + 31) // 32 + 3) * 32  # Sparrow's quota: whole blocks of 32, 3 spare
+    ll_cells = (d0 + p0 + n0 + 255) // 256 * 256  # llama-bench's n_ctx, padded to 256
+    print("KV cache: %.1f KiB per token in both engines; allocated for the test: Sparrow %.1f MiB (%d cells), "
+          "llama.cpp %.1f MiB (%d cells)" % (cell / 1024.0, sp_cells * cell / MiB, sp_cells, ll_cells * cell / MiB,
+                                             ll_cells))
 print()
 print("load average (1/5/15 min) at the start: %s, at the end: %s" % (" ".join(load[0]), " ".join(load[1])))
 print("per round: Sparrow prefill/decode tok/s | llama.cpp prefill/decode tok/s")

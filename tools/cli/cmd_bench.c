@@ -28,9 +28,11 @@ void help_bench(FILE *f) {
             "usage: sparrow bench -m MODEL [OPTIONS]\n"
             "\n"
             "Measure the model as llama-bench does, in Sparrow's own terms.  Each\n"
-            "repetition loads the model afresh, decodes a prompt of P token ids (BOS then\n"
-            "fixed pseudo-random ids, not text) as one batch, samples greedily, then decodes\n"
-            "N more tokens one at a time.  Per repetition it reports:\n"
+            "repetition loads the model afresh, fills the context with D token ids\n"
+            "(untimed; BOS then fixed pseudo-random ids, not text), decodes a prompt of P\n"
+            "more as one batch, samples greedily, then goes back to depth D and decodes N\n"
+            "tokens one at a time (llama-bench's pp and tg tests at -d D).  Per repetition\n"
+            "it reports:\n"
             "  load_s               sp_model_load + sp_session_init\n"
             "  ttft_s               prompt decode + the first sample (time to first token)\n"
             "  prefill_tps          P / prompt decode time\n"
@@ -39,17 +41,19 @@ void help_bench(FILE *f) {
             "  bytes_read, rchar    storage bytes read (read_bytes of /proc/self/io) and\n"
             "                       bytes through read calls (rchar), over the repetition\n"
             "  bytes_read_per_token storage bytes read during the N decodes / N\n"
-            "  model_bytes_per_token  bytes a decoded token touches (from the tensor sizes)\n"
+            "  model_bytes_per_token  weight bytes a decoded token touches (tensor sizes)\n"
+            "  kv_bytes_per_token   KV cache bytes a decode reads, averaged over the N\n"
             "A page-cache-warm file reads ~0 bytes from storage; --cold drops the file's\n"
             "pages from the cache before each repetition.  The summary is the median.\n"
             "\n"
             "options:\n"
             "  -m, --model FILE        model file; required\n"
+            "  -d, --n-depth D         tokens in the context before the tests (default: 0)\n"
             "  -p, --n-prompt P        prompt tokens, 1..%d (default: %d)\n"
             "  -n, --n-gen N           generated tokens, 0..%d (default: %d)\n"
             "  -r, --reps R            repetitions, 1..1000 (default: %d)\n"
             "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
-            "  -c, --ctx-size N        context length, 0 = P + N (default: 0)\n"
+            "  -c, --ctx-size N        context length, 0 = D + max(P, N + 1) (default: 0)\n"
             "  -b, --batch N           tokens per forward pass, 1..%d; 0 = the library's\n"
             "                          default (128)\n"
             CLI_HELP_CACHE_TYPES
@@ -83,6 +87,7 @@ struct bench_run {
     double peak_rss_bytes, bytes_read, rchar, bytes_read_per_token;
     double expert_hit_rate, prefetch_accuracy; /* over the decodes; NaN (null) when not applicable */
     double io_wait_s_per_token; /* time the decodes waited for weight reads / N (0 without a budget) */
+    double kv_bytes_per_token; /* KV cache bytes a decode reads, on average over the decodes */
 };
 
 /* The fields a repetition reports, in output order (a table keeps the JSON
@@ -104,6 +109,7 @@ static const struct {
     {"expert_hit_rate", offsetof(struct bench_run, expert_hit_rate), 0},
     {"prefetch_accuracy", offsetof(struct bench_run, prefetch_accuracy), 0},
     {"io_wait_s_per_token", offsetof(struct bench_run, io_wait_s_per_token), 0},
+    {"kv_bytes_per_token", offsetof(struct bench_run, kv_bytes_per_token), 1},
 };
 
 static double *bench_field(struct bench_run *r, size_t i) {
@@ -177,7 +183,7 @@ static void json_fields(struct bench_run *r) {
 /* One repetition: load, prompt, n_gen decodes; fills r.  Returns an exit
  * code (EXIT_OK or EXIT_RUNTIME, message printed). */
 static int bench_once(const char *path, enum sp_weight_mode weights, uint64_t mem_budget, struct sp_session_params sp,
-                      int n_prompt, int n_gen, struct bench_run *r, struct sp_model_info *info) {
+                      int n_depth, int n_prompt, int n_gen, struct bench_run *r, struct sp_model_info *info) {
     struct sp_model *model = NULL;
     struct sp_session *sess = NULL;
     int32_t *toks = NULL;
@@ -211,22 +217,28 @@ static int bench_once(const char *path, enum sp_weight_mode weights, uint64_t me
     }
 
     /* BOS, then ids from a fixed LCG over the whole vocabulary: the same
-     * prompt in every repetition and every run. */
-    toks = malloc((size_t)n_prompt * sizeof *toks);
+     * depth and prompt in every repetition and every run. */
+    const int n_all = n_depth + n_prompt;
+    toks = malloc((size_t)n_all * sizeof *toks);
     if (!toks) {
         fprintf(stderr, "sparrow: bench: out of memory\n");
         goto done;
     }
     uint32_t x = 12345u;
-    for (int i = 0; i < n_prompt; i++) {
+    for (int i = 0; i < n_all; i++) {
         x = x * 1664525u + 1013904223u;
         toks[i] = (int32_t)((x >> 8) % (uint32_t)info->n_vocab);
     }
     if (info->bos >= 0) toks[0] = info->bos;
+    /* the depth: context already held when the prompt comes (untimed) */
+    if (n_depth > 0 && (rc = sp_decode(sess, toks, n_depth)) != SP_OK) {
+        ret = lib_error("filling the context to the depth", rc);
+        goto done;
+    }
 
     int32_t tok;
     const double tp0 = now_s();
-    if ((rc = sp_decode(sess, toks, n_prompt)) != SP_OK) {
+    if ((rc = sp_decode(sess, toks + n_depth, n_prompt)) != SP_OK) {
         ret = lib_error("decoding the prompt", rc);
         goto done;
     }
@@ -238,6 +250,16 @@ static int bench_once(const char *path, enum sp_weight_mode weights, uint64_t me
     const double tp2 = now_s();
     r->ttft_s = tp2 - tp0;
     r->prefill_tps = n_prompt / (tp1 - tp0);
+    /* the decodes run at the depth, as llama-bench's tg tests do: the prompt
+     * is dropped again and the first prompt token follows the depth */
+    struct sp_kv_info ki;
+    if ((rc = sp_session_kv_info(sess, &ki)) != SP_OK || (rc = sp_session_truncate(sess, n_depth)) != SP_OK) {
+        ret = lib_error("going back to the depth", rc);
+        goto done;
+    }
+    const double cell_bytes = ki.n_cells ? (double)ki.bytes_stored / ki.n_cells : 0.0;
+    r->kv_bytes_per_token = n_gen > 0 ? cell_bytes * (n_depth + (n_gen + 1) / 2.0) : NAN;
+    tok = toks[n_depth];
     proc_io(&io1, &rc1);
     (void)sp_model_get_mem_stats(model, &ms1);
 
@@ -279,7 +301,7 @@ done:
 int cmd_bench(int argc, char **argv) {
     struct argp a = {.cmd = "bench", .argc = argc, .argv = argv};
     const char *model_path = NULL;
-    long long n_prompt = DEF_BENCH_PROMPT, n_gen = DEF_BENCH_GEN, reps = DEF_BENCH_REPS;
+    long long n_prompt = DEF_BENCH_PROMPT, n_gen = DEF_BENCH_GEN, reps = DEF_BENCH_REPS, n_depth = 0;
     bool json = false, cold = false;
     uint64_t mem_budget = 0;
     enum sp_weight_mode weights = SP_WEIGHTS_AUTO;
@@ -297,6 +319,8 @@ int cmd_bench(int argc, char **argv) {
             return EXIT_OK;
         } else if (opt_is(&a, "-m", "--model")) {
             model_path = opt_value(&a);
+        } else if (opt_is(&a, "-d", "--n-depth")) {
+            n_depth = parse_int(&a, opt_value(&a), 0, 1 << 24);
         } else if (opt_is(&a, "-p", "--n-prompt")) {
             n_prompt = parse_int(&a, opt_value(&a), 1, MAX_BATCH);
         } else if (opt_is(&a, "-n", "--n-gen")) {
@@ -324,9 +348,10 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow bench --help')");
-    if (sp.n_ctx == 0) sp.n_ctx = (int32_t)(n_prompt + n_gen);
-    if (n_prompt + n_gen > sp.n_ctx) {
-        usage_error(a.cmd, "-c %d is smaller than P + N = %lld tokens", (int)sp.n_ctx, n_prompt + n_gen);
+    const long long need = n_depth + (n_prompt > n_gen + 1 ? n_prompt : n_gen + 1);
+    if (sp.n_ctx == 0) sp.n_ctx = (int32_t)need;
+    if (need > sp.n_ctx) {
+        usage_error(a.cmd, "-c %d is smaller than D + max(P, N + 1) = %lld tokens", (int)sp.n_ctx, need);
     }
 
     sp_log_set(cli_log, &log_verbose);
@@ -354,7 +379,7 @@ int cmd_bench(int argc, char **argv) {
         if (cold && evict_file(model_path) != 0 && i == 0) {
             fprintf(stderr, "sparrow: bench: warning: cannot evict '%s' from the page cache\n", model_path);
         }
-        if ((ret = bench_once(model_path, weights, mem_budget, sp, (int)n_prompt, (int)n_gen, &runs[i], &info)) != EXIT_OK) {
+        if ((ret = bench_once(model_path, weights, mem_budget, sp, (int)n_depth, (int)n_prompt, (int)n_gen, &runs[i], &info)) != EXIT_OK) {
             goto done;
         }
         if (!json) {
@@ -373,11 +398,11 @@ int cmd_bench(int argc, char **argv) {
     if (json) {
         printf("{\"model\": ");
         json_string(model_path);
-        printf(", \"engine\": \"sparrow\", \"version\": \"%s\", \"threads\": %d, \"n_prompt\": %lld, \"n_gen\": %lld, "
+        printf(", \"engine\": \"sparrow\", \"version\": \"%s\", \"threads\": %d, \"n_depth\": %lld, \"n_prompt\": %lld, \"n_gen\": %lld, "
                "\"n_ctx\": %d, \"n_batch\": %d, \"reps\": %lld, \"cold\": %s, \"kv_type\": \"%s\", "
                "\"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\", "
                "\"weights\": \"%s\", ",
-               SPARROW_VERSION, (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, (int)sp.n_batch, reps,
+               SPARROW_VERSION, (int)sp.n_threads, n_depth, n_prompt, n_gen, (int)sp.n_ctx, (int)sp.n_batch, reps,
                cold ? "true" : "false", sp.kv_type_k == sp.kv_type_v ? kv_type_name(sp.kv_type_k) : "mixed",
                kv_type_name(sp.kv_type_k), kv_type_name(sp.kv_type_v), weights_name(weights));
         printf("\"mem_budget_bytes\": ");
