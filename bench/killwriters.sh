@@ -81,16 +81,18 @@ kill_rounds() {
     [ "$partial" -eq 0 ] && [ "$taken" -eq 0 ] && [ "$remain" -eq 0 ] || bad=1
 }
 
+# CMD is the writer itself, never a shell function: kill -9 of a function's
+# subshell would leave the writer running on, racing the checks.
 synth() { "$SPARROW" synth --shape "$1" --type "$2" -q -o "$3"; }
 
 case "$SIZE" in
 small)
-    kill_rounds synth synth tiny-moe f16
+    kill_rounds synth "$SPARROW" synth --shape tiny-moe --type f16 -q -o
     synth tiny-moe f16 "$work/in.gguf" || exit 1
     kill_rounds quantize "$SPARROW" quantize "$work/in.gguf" -q -t 1
     ;;
 large)
-    kill_rounds synth synth deep-moe q4_0
+    kill_rounds synth "$SPARROW" synth --shape deep-moe --type q4_0 -q -o
     synth tiny-moe f16 "$work/in.gguf" || exit 1
     text="$SPARROW_SHARED/peer-golden/tinystories-valid-excerpt.txt"
     [ -f "$text" ] || { echo "missing fixture: $text"; exit 1; }

@@ -60,7 +60,7 @@ t_nofile "synth: usage errors" "$tmp/x.gguf"
 t_usage "bench: no model" bench -p 8
 t_usage "bench: -p 0" bench -m x.gguf -p 0
 t_usage "bench: -r 0" bench -m x.gguf -r 0
-t_usage "bench: ctx too small" bench -m x.gguf -p 8 -n 8 -c 10
+t_usage "bench: ctx too small" bench -m x.gguf -d 4 -p 8 -n 8 -c 12
 t_usage "run: -b -1" run -m x.gguf -b -1
 
 # ---- --list --------------------------------------------------------------------------
