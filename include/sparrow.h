@@ -549,6 +549,12 @@ struct sp_quantize_tensor_report {
 };
 /* Return true to go on, false to cancel (nothing is written then). */
 typedef bool (*sp_quantize_tensor_fn)(const struct sp_quantize_tensor_report *r, void *user);
+/* Progress of the steps before the first tensor is written, which take
+ * seconds on a calibration text: stage "calibrating" (done of total chunks of
+ * the text run through the model) and "scaling" (done of total layers whose
+ * channel scales were searched).  Called after each unit; the same return
+ * rule as sp_quantize_tensor_fn. */
+typedef bool (*sp_quantize_progress_fn)(const char *stage, int32_t done, int32_t total, void *user);
 
 /* What calibration does beyond weighting each channel's error by its mean
  * squared activation (always on with a calibration text). */
@@ -576,7 +582,8 @@ struct sp_quantize_params {
                                  size (whole KV groups go) */
     int32_t n_threads;        /* 0 = one */
     sp_quantize_tensor_fn on_tensor; /* NULL = no reports */
-    void *user;
+    sp_quantize_progress_fn on_progress; /* NULL = none */
+    void *user;               /* passed to on_tensor and on_progress */
 };
 struct sp_quantize_params sp_quantize_default_params(void);
 
