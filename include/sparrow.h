@@ -458,9 +458,14 @@ struct sp_eval_params {
 };
 struct sp_eval_params sp_eval_default_params(void);
 
+/* SP_OK when ref's distributions can be compared with model's: the same
+ * vocabulary -- the same number of tokens, the same BOS and every token the
+ * same text -- else SP_E_INVALID naming the first difference. */
+sp_status sp_eval_check_ref(const struct sp_model *model, const struct sp_model *ref);
+
 /* Evaluate model (and ref, which may be NULL) on n_tokens tokens, writing the
- * figures to *out.  Both models must share the vocabulary: a different
- * n_vocab or BOS id is SP_E_INVALID.  Fewer than 2 * n_ctx tokens is
+ * figures to *out.  Both models must share the vocabulary
+ * (sp_eval_check_ref), else SP_E_INVALID.  Fewer than 2 * n_ctx tokens is
  * SP_E_INVALID (the message states the size needed).  Sessions and scratch
  * are allocated once here.  Also SP_E_NOMEM, SP_E_STATE (cancelled), and
  * whatever loading a weight returns. */

@@ -199,6 +199,10 @@ int cmd_eval(int argc, char **argv) {
         ret = lib_error("loading the reference", rc);
         goto done;
     }
+    if (ref && (rc = sp_eval_check_ref(model, ref)) != SP_OK) { /* before sampling anything from it */
+        ret = lib_error("comparing the vocabularies", rc);
+        goto done;
+    }
     sp_model_get_info(model, &mi);
     if (ctx == 0) ctx = mi.n_ctx_train > 0 && mi.n_ctx_train < DEF_EVAL_CTX_CAP ? mi.n_ctx_train : DEF_EVAL_CTX_CAP;
     ep.n_ctx = (int32_t)ctx;
