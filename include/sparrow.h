@@ -101,7 +101,8 @@ enum sp_weight_mode { SP_WEIGHTS_AUTO = 0, SP_WEIGHTS_MMAP = 1, SP_WEIGHTS_LOAD 
 
 struct sp_model_params {
     const char *tokenizer_path; /* llama2.c checkpoints: tokenizer.bin; NULL = the
-                                   file "tokenizer.bin" beside the model */
+                                   file "tokenizer.bin" beside the model.  A GGUF
+                                   file has its own: set, SP_E_INVALID */
     bool vocab_only;            /* load the tokenizer only (no tensors needed) */
     enum sp_weight_mode weights;/* default SP_WEIGHTS_AUTO */
     uint64_t mem_budget;        /* bytes Sparrow may keep resident -- weights, KV

@@ -58,8 +58,7 @@ void help_eval(FILE *f) {
             "                          length capped at %d (default: 0)\n"
             "      --json              print one JSON object on stdout instead of the summary\n"
             "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
-            "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
-            "                          beside the model)\n"
+            CLI_HELP_TOKENIZER
             "  -v, --verbose           print the library's log messages on stderr\n"
             "  -h, --help              print this help and exit\n"
             "\n"

@@ -57,7 +57,7 @@ void help_quantize(FILE *f) {
                "                          attention whole KV groups go, so N must be a multiple\n"
                "                          of the group size (default: 0)\n"
                "      --tokenizer FILE    llama2.c input: its tokenizer (default: tokenizer.bin\n"
-               "                          beside it)\n"
+               "                          beside it); a GGUF input has its own: refused\n"
                "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
                "  -q, --quiet             no progress or per-tensor lines on stderr\n"
                "  -v, --verbose           print the library's log messages on stderr\n"
