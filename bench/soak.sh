@@ -4,7 +4,8 @@
 # the weights stream every token), sampling the resident set, open
 # descriptors and threads every 10 s (tests/test_soak.c: turns alternate
 # between a conversation with context shift and a fresh session per turn).
-# After the warm-up (a tenth of the run, at least 60 s) descriptors and
+# After the first turn (its prompt fills the context) and a warm-up (a tenth
+# of the run, at least 60 s) descriptors and
 # threads must stay flat and the resident set within 1%; exits 1 if not.
 # DURATION in seconds, or with s/m/h (e.g. 1h).  The model is
 # $SPARROW_SCRATCH/llama-7b-q4_0.gguf (default ../scratch), written with
@@ -41,6 +42,6 @@ warm=$((secs / 10))
 echo "soak: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; $(uptime)"
 rc=0
 nice "$root/$BUILD/tests/test_soak" --model "$model" --budget "$bytes" --seconds "$secs" --every 10 --warmup "$warm" \
-    --ctx 512 --tokens 48 --threads 1 || rc=$?
+    --ctx 512 --tokens 48 --threads 2 || rc=$?
 echo "soak: done; $(uptime)"
 exit "$rc"

@@ -3,17 +3,18 @@
  * budget, sampling the process's resident set, open descriptors and threads
  * (issue 20, "soak").  Turns go in cycles of eight:
  *   - four turns of a conversation: one session with context shift on, the
- *     first turn's prompt filling most of the context (so the KV cache's
- *     pages are all touched early: its resident set grows with the tokens
- *     held, not with time), each turn appending a prompt and generating
- *     into it, shifting the context when it is full;
+ *     first turn's prompt filling the context but one cell (so the KV
+ *     cache's pages are all touched at once: its resident set grows with
+ *     the cells used, not with time), each turn appending a prompt and
+ *     generating into it, shifting the context when it is full;
  *   - then four turns of a fresh session each (created, used, freed: what a
  *     server does per request), also tokenizing and detokenizing its text.
  * One session at a time: under a budget the plan gives all that the first
  * session leaves to the weights, so a second at once would not fit.
  * A sample is taken after a decode once `every` seconds have passed (so a
- * session is always alive at a sample, as are its threads).  After the
- * warm-up, descriptors and threads must not change at all and the resident
+ * session is always alive at a sample, as are its threads).  The warm-up
+ * counts from the end of the first turn (its prompt fills the context: on a
+ * 7B model that alone is minutes).  After the warm-up, descriptors and threads must not change at all and the resident
  * set must not drift by more than 1%: its highest value in the last quarter
  * of the samples against its highest in the first quarter (a sample's value
  * depends on the turn it falls in -- a fresh session's memory comes and goes
@@ -91,6 +92,7 @@ struct soak {
     struct sp_session_params sp;
     int n_gen;
     double t0, every, next, seconds;
+    double t_first; /* the end of the first turn (seconds from t0) */
     struct sample *s;
     int n, cap;
     int turns;
@@ -119,14 +121,15 @@ static const char *const prompts[] = {
     "One day, a bird",
 };
 
-/* Feed a prompt (BOS first if `bos`; with `fill`, repeated to about 7/8 of
- * the context) and generate up to n_gen tokens into s; false on a failure. */
+/* Feed a prompt (BOS first if `bos`; with `fill`, repeated to fill the
+ * context but one cell) and generate up to n_gen tokens into s; false on a
+ * failure. */
 static bool turn(struct soak *k, struct sp_session *s, const char *text, bool bos, bool fill) {
     enum { CAP = 4096 };
     static int32_t ids[CAP];
     int32_t n = 0, m = 0;
     if (sp_tokenize(k->m, text, strlen(text), bos ? SP_TOKENIZE_ADD_BOS : 0, ids, CAP, &n) != SP_OK) return false;
-    const int32_t want = fill ? SP_MIN(k->sp.n_ctx * 7 / 8, CAP) : n;
+    const int32_t want = fill ? SP_MIN(k->sp.n_ctx - 1, CAP) : n;
     while (n < want && sp_tokenize(k->m, text, strlen(text), 0, ids + n, CAP - n, &m) == SP_OK && m > 0)
         n = SP_MIN(n + m, want);
     if (sp_decode(s, ids, n) != SP_OK) return false;
@@ -231,6 +234,7 @@ int main(int argc, char **argv) {
             ok = fresh_session_turn(&k, text);
         }
         k.turns++;
+        if (k.turns == 1) k.t_first = now_s() - k.t0;
     }
     CHECKF(ok, "turn %d: %s", k.turns, sp_last_error());
     sp_session_free(conv);
@@ -238,7 +242,7 @@ int main(int argc, char **argv) {
 
     /* flat after the warm-up */
     int first = 0;
-    while (first < k.n && k.s[first].t < warmup) first++;
+    while (first < k.n && k.s[first].t < k.t_first + warmup) first++;
     CHECKF(k.n - first >= 3, "only %d samples after the warm-up", k.n - first);
     if (k.n - first >= 3) {
         const int q = SP_MAX((k.n - first) / 4, 1);
@@ -253,10 +257,11 @@ int main(int argc, char **argv) {
         }
         const double drift = (double)(tail - head) / (double)head;
         const double peak = (double)(rss_max - head) / (double)head;
-        printf("soak: %d turns, %ld tokens in %.0f s; after the warm-up (%d samples from %.0f s): highest rss %ld KiB "
+        printf("soak: %d turns, %ld tokens in %.0f s; the first turn took %.0f s; after the warm-up (%d samples from "
+               "%.0f s): highest rss %ld KiB "
                "in the first quarter, %ld in the last (drift %+.3f%%; highest of all %+.3f%%), fds %ld..%ld, threads "
                "%ld..%ld\n",
-               k.turns, k.tokens, z->t, k.n - first, a->t, head, tail, 100 * drift, 100 * peak, fd_lo, fd_hi, th_lo,
+               k.turns, k.tokens, z->t, k.t_first, k.n - first, a->t, head, tail, 100 * drift, 100 * peak, fd_lo, fd_hi, th_lo,
                th_hi);
         CHECKF(fd_lo == fd_hi, "open descriptors changed after the warm-up: %ld..%ld", fd_lo, fd_hi);
         CHECKF(th_lo == th_hi, "threads changed after the warm-up: %ld..%ld", th_lo, th_hi);
