@@ -15,10 +15,10 @@
  * session is always alive at a sample, as are its threads).  The warm-up
  * counts from the end of the first turn (its prompt fills the context: on a
  * 7B model that alone is minutes).  After the warm-up, descriptors and threads must not change at all and the resident
- * set must not drift by more than 1%: its highest value in the last quarter
- * of the samples against its highest in the first quarter (a sample's value
+ * set must not grow by 1% or more: its highest value in the second half of
+ * the samples against its highest in the first half (a sample's value
  * depends on the turn it falls in -- a fresh session's memory comes and goes
- * -- so the envelope is compared, not single samples).  Under AddressSanitizer
+ * -- so the envelope is compared, not single samples; falling is no leak).  Under AddressSanitizer
  * the resident set is not checked (its quarantine holds freed memory on
  * purpose); LeakSanitizer checks at exit that nothing leaked.
  *
@@ -245,29 +245,25 @@ int main(int argc, char **argv) {
     while (first < k.n && k.s[first].t < k.t_first + warmup) first++;
     CHECKF(k.n - first >= 3, "only %d samples after the warm-up", k.n - first);
     if (k.n - first >= 3) {
-        const int q = SP_MAX((k.n - first) / 4, 1);
+        const int q = (k.n - first) / 2;
         const struct sample *a = &k.s[first], *z = &k.s[k.n - 1];
-        long head = 0, tail = 0, rss_max = 0, fd_lo = a->fds, fd_hi = a->fds, th_lo = a->threads, th_hi = a->threads;
+        long head = 0, tail = 0, fd_lo = a->fds, fd_hi = a->fds, th_lo = a->threads, th_hi = a->threads;
         for (int i = first; i < k.n; i++) {
             if (i < first + q) head = SP_MAX(head, k.s[i].rss_kib);
-            if (i >= k.n - q) tail = SP_MAX(tail, k.s[i].rss_kib);
-            rss_max = SP_MAX(rss_max, k.s[i].rss_kib);
+            else tail = SP_MAX(tail, k.s[i].rss_kib);
             fd_lo = SP_MIN(fd_lo, k.s[i].fds), fd_hi = SP_MAX(fd_hi, k.s[i].fds);
             th_lo = SP_MIN(th_lo, k.s[i].threads), th_hi = SP_MAX(th_hi, k.s[i].threads);
         }
         const double drift = (double)(tail - head) / (double)head;
-        const double peak = (double)(rss_max - head) / (double)head;
         printf("soak: %d turns, %ld tokens in %.0f s; the first turn took %.0f s; after the warm-up (%d samples from "
                "%.0f s): highest rss %ld KiB "
-               "in the first quarter, %ld in the last (drift %+.3f%%; highest of all %+.3f%%), fds %ld..%ld, threads "
-               "%ld..%ld\n",
-               k.turns, k.tokens, z->t, k.t_first, k.n - first, a->t, head, tail, 100 * drift, 100 * peak, fd_lo, fd_hi, th_lo,
+               "in the first half, %ld in the second (drift %+.3f%%), fds %ld..%ld, threads %ld..%ld\n",
+               k.turns, k.tokens, z->t, k.t_first, k.n - first, a->t, head, tail, 100 * drift, fd_lo, fd_hi, th_lo,
                th_hi);
         CHECKF(fd_lo == fd_hi, "open descriptors changed after the warm-up: %ld..%ld", fd_lo, fd_hi);
         CHECKF(th_lo == th_hi, "threads changed after the warm-up: %ld..%ld", th_lo, th_hi);
         if (!SOAK_ASAN) {
-            CHECKF(drift < 0.01 && drift > -0.01, "resident set drifted %+.3f%% after the warm-up", 100 * drift);
-            CHECKF(peak < 0.01, "resident set rose %.3f%% above its first quarter's highest", 100 * peak);
+            CHECKF(drift < 0.01, "resident set grew %+.3f%% after the warm-up", 100 * drift);
         }
     }
     free(k.s);
