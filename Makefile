@@ -6,6 +6,7 @@
 #   make test       build and run every test binary (tests/run.sh)
 #   make asan       the same tests under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz       libFuzzer targets in tests/fuzz/ (clang, ASan + UBSan) into build-fuzz/
+#   make fuzz-run   run each of them FUZZ_SECONDS (default 30) on its corpus, as CI does
 #   make arm64      cross-build for AArch64 into build-arm64/ and run the ARM kernel and
 #                   stories260K golden tests under qemu (scripts/arm64-test.sh); the build
 #                   alone is make CC=aarch64-linux-gnu-gcc BUILD=build-arm64 all
@@ -60,7 +61,7 @@ endif
 # keep the test objects (else make deletes them as intermediates and rebuilds them every run)
 .SECONDARY:
 
-.PHONY: all test asan format clean bench fuzz deps arm64
+.PHONY: all test asan format clean bench fuzz fuzz-run deps arm64
 all: $(LIB) $(CLI) $(TEST_BIN)
 
 $(BUILD)/%.o: %.c
@@ -93,16 +94,34 @@ asan:
 	    LDFLAGS="-fsanitize=address,undefined" test
 
 # Fuzz targets: the library rebuilt with clang and sanitizers in build-fuzz/,
-# each tests/fuzz/*.c linked with -fsanitize=fuzzer.  Run e.g.
-#   build-fuzz/fuzz_gguf -max_total_time=60 build-fuzz/corpus tests/fuzz/seeds
+# each tests/fuzz/*.c linked with -fsanitize=fuzzer.  fuzz-run runs every one
+# of them (a new target needs no edit here) for FUZZ_SECONDS on its seeds,
+# tests/fuzz/corpus/<target>/ when there is one (tests/fuzz/make-corpus.py),
+# keeping what it finds in build-fuzz/corpus-<target>/; a crash, leak or
+# sanitizer report stops it with the input in build-fuzz/ (crash-*, leak-*).
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_SRC := $(wildcard tests/fuzz/*.c)
+FUZZ_SECONDS ?= 30
+# The ISA kernel files first, plain -O0: no fuzz target reaches them, and
+# instrumented their intrinsics take clang minutes each to compile.
+FUZZ_ISA_OBJ := $(patsubst %.c,build-fuzz/%.o,$(wildcard src/quant/$(ISA_DIR)/*.c))
 fuzz:
+	$(MAKE) BUILD=build-fuzz CC=clang OPT="-O0" $(FUZZ_ISA_OBJ)
 	$(MAKE) BUILD=build-fuzz CC=clang OPT="-O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link $(FUZZ_SAN)" build-fuzz/libsparrow.a
-	@mkdir -p build-fuzz/corpus
 	for f in $(FUZZ_SRC); do \
 	    clang -std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer $(FUZZ_SAN) $(WARN) -Iinclude -Isrc \
 	        $$f build-fuzz/libsparrow.a $(LDLIBS) -o build-fuzz/$$(basename $$f .c) || exit 1; \
+	done
+
+fuzz-run: fuzz
+	@for f in $(FUZZ_SRC); do \
+	    t=$$(basename $$f .c); mkdir -p build-fuzz/corpus-$$t; \
+	    seeds=; [ -d tests/fuzz/corpus/$$t ] && seeds=tests/fuzz/corpus/$$t; \
+	    printf 'fuzz: %s for %s s ... ' $$t $(FUZZ_SECONDS); \
+	    if build-fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=build-fuzz/ \
+	        build-fuzz/corpus-$$t $$seeds >build-fuzz/$$t.log 2>&1; then \
+	        grep -h 'stat::number_of_executed_units\|stat::new_units_added' build-fuzz/$$t.log | tr '\n' ' '; echo; \
+	    else echo FAILED; tail -n 60 build-fuzz/$$t.log; exit 1; fi; \
 	done
 
 arm64:

@@ -108,7 +108,8 @@ enum sp_kv_type { SP_KV_F32 = 0, SP_KV_F16 = 1, SP_KV_Q8_0 = 2, SP_KV_Q4_0 = 3, 
 
 struct sp_model_params {
     const char *tokenizer_path; /* llama2.c checkpoints: tokenizer.bin; NULL = the
-                                   file "tokenizer.bin" beside the model */
+                                   file "tokenizer.bin" beside the model.  A GGUF
+                                   file has its own: set, SP_E_INVALID */
     bool vocab_only;            /* load the tokenizer only (no tensors needed) */
     enum sp_weight_mode weights;/* default SP_WEIGHTS_AUTO */
     uint64_t mem_budget;        /* bytes Sparrow may keep resident -- weights, KV
@@ -510,9 +511,14 @@ struct sp_eval_params {
 };
 struct sp_eval_params sp_eval_default_params(void);
 
+/* SP_OK when ref's distributions can be compared with model's: the same
+ * vocabulary -- the same number of tokens, the same BOS and every token the
+ * same text -- else SP_E_INVALID naming the first difference. */
+sp_status sp_eval_check_ref(const struct sp_model *model, const struct sp_model *ref);
+
 /* Evaluate model (and ref, which may be NULL) on n_tokens tokens, writing the
- * figures to *out.  Both models must share the vocabulary: a different
- * n_vocab or BOS id is SP_E_INVALID.  Fewer than 2 * n_ctx tokens is
+ * figures to *out.  Both models must share the vocabulary
+ * (sp_eval_check_ref), else SP_E_INVALID.  Fewer than 2 * n_ctx tokens is
  * SP_E_INVALID (the message states the size needed).  Sessions and scratch
  * are allocated once here.  Also SP_E_NOMEM, SP_E_STATE (cancelled), and
  * whatever loading a weight returns. */
@@ -601,6 +607,12 @@ struct sp_quantize_tensor_report {
 };
 /* Return true to go on, false to cancel (nothing is written then). */
 typedef bool (*sp_quantize_tensor_fn)(const struct sp_quantize_tensor_report *r, void *user);
+/* Progress of the steps before the first tensor is written, which take
+ * seconds on a calibration text: stage "calibrating" (done of total chunks of
+ * the text run through the model) and "scaling" (done of total layers whose
+ * channel scales were searched).  Called after each unit; the same return
+ * rule as sp_quantize_tensor_fn. */
+typedef bool (*sp_quantize_progress_fn)(const char *stage, int32_t done, int32_t total, void *user);
 
 /* What calibration does beyond weighting each channel's error by its mean
  * squared activation (always on with a calibration text). */
@@ -628,7 +640,8 @@ struct sp_quantize_params {
                                  size (whole KV groups go) */
     int32_t n_threads;        /* 0 = one */
     sp_quantize_tensor_fn on_tensor; /* NULL = no reports */
-    void *user;
+    sp_quantize_progress_fn on_progress; /* NULL = none */
+    void *user;               /* passed to on_tensor and on_progress */
 };
 struct sp_quantize_params sp_quantize_default_params(void);
 

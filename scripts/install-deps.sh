@@ -1,8 +1,11 @@
 #!/bin/sh
 # Installs the Debian packages Sparrow builds against, if any are missing.
+# --fuzz: also clang and its runtime libraries (libFuzzer, the sanitizers),
+# which `make fuzz` needs; .ci/run asks for them.
 # Needs root (or sudo) only when something is missing.
 set -eu
 pkgs="build-essential libpcre2-dev libcjson-dev libzstd-dev libssl-dev libsimde-dev"
+[ "${1:-}" = "--fuzz" ] && pkgs="$pkgs clang libclang-rt-dev"
 need=""
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"

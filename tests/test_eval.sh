@@ -82,6 +82,16 @@ t_empty_out "eval: text too short"
 sp eval -m "$q4" --ref "$f32" --gen 255 -c 128
 t_rc "eval: --gen too short" 1
 t_err_has "eval: --gen too short" "need at least 256"
+# a reference of the same vocabulary size (512) but other tokens: refused before sampling anything
+sp synth --shape tiny --type f16 -q -o "$tmp/other-vocab.gguf"
+for mode in "--gen 512" "--text $text"; do
+    # shellcheck disable=SC2086
+    sp eval -m "$f32" --ref "$tmp/other-vocab.gguf" $mode -c 128
+    t_rc "eval: same-size other vocabulary ($mode)" 1
+    t_err_one_line "eval: same-size other vocabulary ($mode)"
+    t_err_has "eval: same-size other vocabulary ($mode)" "vocabulary" "differs from the reference's" "token "
+    t_empty_out "eval: same-size other vocabulary ($mode)"
+done
 if need peer-tests/tokenizer/ggml-vocab-llama-spm.gguf; then
     sp eval -m "$f32" --ref "$fx" --text "$text"
     t_rc "eval: vocabulary-only reference" 1

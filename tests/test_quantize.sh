@@ -101,6 +101,12 @@ sp inspect "$out"
 has "pruned metadata" "$tmp/out" "llama.attention.head_count              6" "llama.feed_forward_length               129" \
     "sparrow.prune.heads" "native-types-2"
 
+# calibrating takes seconds: it reports its progress (the last chunk at least), before the tensors
+expect "calibrated progress" 0 "$M/stories260K-f32.gguf" "$out" --calib "$tmp/calib.txt" --calib-chunks 4
+has "calibrated progress" "$tmp/err" "calibrating: 4 of 4 chunks of the text" "scaling: 6 of 6 layers"
+if [ "$(grep -n 'calibrating: 4 of 4' "$tmp/err" | cut -d: -f1)" -lt "$(grep -n '^\[  1/' "$tmp/err" | cut -d: -f1)" ]; then
+    ok "calibrated progress: before the first tensor"; else bad "calibrated progress: order" "$(show_err)"; fi
+
 # ---- other inputs: a synthetic F16 / Q8_0 file; quantized files are refused --------------------
 for t in f16 q8_0 q4_0; do
     sp synth --shape tiny --type $t -o "$tmp/tiny-$t.gguf" -q

@@ -177,24 +177,45 @@ static sp_status eval_stream(struct sp_session *sm, struct sp_session *sr, const
     return SP_OK;
 }
 
+sp_status sp_eval_check_ref(const struct sp_model *model, const struct sp_model *ref) {
+    struct sp_model_info mi, ri;
+    sp_status rc;
+    if (!model || !ref) return sp_err(SP_E_INVALID, "%s: NULL model", __func__);
+    if ((rc = sp_model_get_info(model, &mi)) || (rc = sp_model_get_info(ref, &ri))) return rc;
+    if (ri.n_vocab != mi.n_vocab) {
+        return sp_err(SP_E_INVALID, "eval: the model's vocabulary has %d tokens but the reference's has %d: "
+                      "comparing distributions needs a shared vocabulary", mi.n_vocab, ri.n_vocab);
+    }
+    if (ri.bos != mi.bos) {
+        return sp_err(SP_E_INVALID, "eval: the model's BOS is token %d but the reference's is %d: "
+                      "comparing distributions needs a shared vocabulary", mi.bos, ri.bos);
+    }
+    /* The same size is not the same vocabulary: every token must be the same
+     * text, or the distributions compared are over different things. */
+    for (int32_t t = 0; t < mi.n_vocab; t++) {
+        char pa[512], pb[512];
+        size_t na = 0, nb = 0;
+        const sp_status ra = sp_token_to_piece(model, t, pa, sizeof pa, &na);
+        const sp_status rb = sp_token_to_piece(ref, t, pb, sizeof pb, &nb);
+        if (ra != rb || na != nb || (ra == SP_OK && memcmp(pa, pb, na) != 0)) {
+            return sp_err(SP_E_INVALID, "eval: the model's vocabulary (%s, %d tokens) differs from the reference's "
+                          "(%s): token %d is '%.*s' in the model and '%.*s' in the reference; comparing "
+                          "distributions needs a shared vocabulary", mi.tokenizer, mi.n_vocab, ri.tokenizer, t,
+                          ra == SP_OK ? (int)SP_MIN(na, (size_t)40) : 0, pa,
+                          rb == SP_OK ? (int)SP_MIN(nb, (size_t)40) : 0, pb);
+        }
+    }
+    return SP_OK;
+}
+
 /* The models' shared facts: n_vocab and the BOS that replaces each chunk's
  * first token (-1 when the vocabulary adds none). */
 static sp_status check_models(struct sp_model *model, struct sp_model *ref, int32_t *n_vocab, int32_t *bos,
                               int32_t *n_ctx_train) {
-    struct sp_model_info mi, ri;
+    struct sp_model_info mi;
     sp_status rc = sp_model_get_info(model, &mi);
     if (rc) return rc;
-    if (ref) {
-        if ((rc = sp_model_get_info(ref, &ri))) return rc;
-        if (ri.n_vocab != mi.n_vocab) {
-            return sp_err(SP_E_INVALID, "eval: the model's vocabulary has %d tokens but the reference's has %d: "
-                          "comparing distributions needs a shared vocabulary", mi.n_vocab, ri.n_vocab);
-        }
-        if (ri.bos != mi.bos) {
-            return sp_err(SP_E_INVALID, "eval: the model's BOS is token %d but the reference's is %d: "
-                          "comparing distributions needs a shared vocabulary", mi.bos, ri.bos);
-        }
-    }
+    if (ref && (rc = sp_eval_check_ref(model, ref))) return rc;
     *n_vocab = mi.n_vocab;
     *bos = mi.add_bos ? mi.bos : -1;
     *n_ctx_train = mi.n_ctx_train;

@@ -215,10 +215,20 @@ static char *escape_spaces(const uint8_t *s, size_t n, uint32_t *out_len) {
  * (message names the path, the token id and the offset), SP_E_NOMEM. */
 sp_status sp_llama2c_read_tokenizer(const char *path, struct sp_model_file *mf) {
     struct sp_file *f = NULL;
-    uint8_t *buf = NULL;
-    struct sp_vocab_data *vd = &mf->vocab;
     sp_status rc = sp_file_open(path, &f);
     if (rc) return rc;
+    rc = sp_llama2c_read_tokenizer_file(f, mf);
+    sp_file_close(f);
+    return rc;
+}
+
+/* As sp_llama2c_read_tokenizer, from an open byte source (fuzzing reads
+ * memory); f stays the caller's. */
+sp_status sp_llama2c_read_tokenizer_file(struct sp_file *f, struct sp_model_file *mf) {
+    uint8_t *buf = NULL;
+    struct sp_vocab_data *vd = &mf->vocab;
+    const char *path = sp_file_path(f);
+    sp_status rc;
     const uint64_t size = sp_file_size(f);
     if (size < 4) {
         rc = sp_err(SP_E_FORMAT, "%s: '%s' truncated: %llu bytes, the max_token_length field needs 4", __func__, path,
@@ -338,6 +348,5 @@ sp_status sp_llama2c_read_tokenizer(const char *path, struct sp_model_file *mf) 
 
 done:
     sp_free(buf);
-    sp_file_close(f);
     return rc;
 }

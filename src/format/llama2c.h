@@ -28,5 +28,6 @@ sp_status sp_llama2c_read(struct sp_file *f, struct sp_model_file *mf, bool voca
  * U+2581, "<0xXX>" tokens typed as bytes, ids 0/1/2 unk/bos/eos), checking
  * that it has hp.n_vocab tokens when hparams are present. */
 sp_status sp_llama2c_read_tokenizer(const char *path, struct sp_model_file *mf);
+sp_status sp_llama2c_read_tokenizer_file(struct sp_file *f, struct sp_model_file *mf);
 
 #endif /* SP_LLAMA2C_H */

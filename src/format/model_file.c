@@ -616,6 +616,11 @@ sp_status sp_model_file_open_file(struct sp_file *f, const char *tokenizer_path,
         return SP_OK;
     }
     if (memcmp(magic, "GGUF", 4) == 0) {
+        if (tokenizer_path) { /* it would be ignored: say so rather than run with another vocabulary */
+            rc = sp_err(SP_E_INVALID, "%s: '%s' is a GGUF file, which carries its own vocabulary; a separate "
+                        "tokenizer ('%s') is only for llama2.c checkpoints", __func__, path, tokenizer_path);
+            goto fail;
+        }
         if ((rc = sp_gguf_read(f, mf)) || (rc = interpret_gguf(mf, vocab_only))) goto fail;
     } else {
         if ((rc = sp_llama2c_read(f, mf, vocab_only))) goto fail;

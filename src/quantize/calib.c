@@ -324,7 +324,7 @@ static sp_status observe_output(struct sp_model *m, struct sp_fwd *f, uint32_t n
 
 /* Run m on the text at path; see quantize.h. */
 sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, int32_t ctx, int n_threads,
-                       uint64_t cov_budget, struct sp_calib **out) {
+                       uint64_t cov_budget, const struct sp_quantize_params *progress, struct sp_calib **out) {
     *out = NULL;
     const struct sp_hparams *hp = &m->mf->hp;
     struct sp_calib *c = NULL;
@@ -372,6 +372,7 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
         if ((rc = observe_output(m, f, (uint32_t)ctx, &o))) goto done;
         c->n_tokens += ctx;
         c->n_chunks++;
+        if ((rc = sp_quantize_progress(progress, "calibrating", k + 1, n_chunks))) goto done;
     }
     for (uint32_t i = 0; i < c->n_tensors; i++) {
         if (c->count[i] == 0) {

@@ -573,6 +573,11 @@ static sp_status write_tensor(struct job *J, uint32_t i, struct sp_gguf_writer *
 
 /* ---- the driver ------------------------------------------------------------------- */
 
+sp_status sp_quantize_progress(const struct sp_quantize_params *P, const char *stage, int32_t done, int32_t total) {
+    if (!P || !P->on_progress || P->on_progress(stage, done, total, P->user)) return SP_OK;
+    return sp_err(SP_E_STATE, "sp_quantize: cancelled while %s (%d of %d)", stage, (int)done, (int)total);
+}
+
 static sp_status check_params(const struct sp_quantize_params *P) {
     if (!P || !P->input || !*P->input || !P->output || !*P->output) {
         return sp_err(SP_E_INVALID, "sp_quantize: input and output paths are required");
@@ -655,7 +660,7 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
         const int32_t chunks = P->calib_chunks ? P->calib_chunks : QUANT_DEFAULT_CHUNKS;
         const int32_t ctx = P->calib_ctx ? P->calib_ctx : QUANT_DEFAULT_CTX;
         const uint64_t budget = (P->calib_skip & SP_CALIB_GPTQ) ? 0 : QUANT_COV_BUDGET;
-        if ((rc = sp_calib_run(J.m, P->calib_path, chunks, ctx, nth, budget, &J.calib))) goto done;
+        if ((rc = sp_calib_run(J.m, P->calib_path, chunks, ctx, nth, budget, P, &J.calib))) goto done;
     }
     if ((P->prune_ffn > 0.0f || P->prune_heads > 0) &&
         (rc = sp_prune_plan_build(J.m, J.calib, P->prune_ffn, P->prune_heads, &J.prune))) {
@@ -669,7 +674,8 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
             goto done;
         }
         for (uint32_t i = 0; i < J.n; i++) types[i] = J.q[i].type;
-        rc = sp_scale_plan_build(J.m, J.calib, types, &J.scale);
+        rc = sp_scale_plan_build(J.m, J.calib, types, P, &J.scale);
+        if (!rc) rc = sp_quantize_progress(P, "scaling", (int32_t)J.m->mf->hp.n_layers + 1, (int32_t)J.m->mf->hp.n_layers + 1);
         sp_free(types);
         if (rc) goto done;
     }

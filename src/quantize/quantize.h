@@ -99,7 +99,11 @@ struct sp_calib {
  * read the same input (attn_q/k/v, ffn_gate/up) share them.  SP_E_IO,
  * SP_E_INVALID (a text shorter than 2 tokens), SP_E_NOMEM. */
 sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, int32_t ctx, int n_threads,
-                       uint64_t cov_budget, struct sp_calib **out);
+                       uint64_t cov_budget, const struct sp_quantize_params *progress, struct sp_calib **out);
+
+/* Report progress through P->on_progress (sparrow.h) when P has one:
+ * SP_E_STATE ("cancelled") when it says stop, else SP_OK.  P may be NULL. */
+sp_status sp_quantize_progress(const struct sp_quantize_params *P, const char *stage, int32_t done, int32_t total);
 
 /* The covariance (width x width sums of x x^T) of tensor i's input, or NULL. */
 const double *sp_calib_cov(const struct sp_calib *c, uint32_t i);
@@ -222,7 +226,7 @@ struct sp_scale_plan {
  * quantized tensor, or whose best exponent is 0 stay unscaled.  MoE models
  * get an empty plan.  SP_E_NOMEM, SP_E_IO. */
 sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, const uint32_t *types,
-                              struct sp_scale_plan **out);
+                              const struct sp_quantize_params *progress, struct sp_scale_plan **out);
 void sp_scale_plan_free(struct sp_scale_plan *p);
 
 /* ---- reading the input (quantize.c) ---------------------------------------- */

@@ -288,7 +288,7 @@ static bool quantized(uint32_t t) {
 }
 
 sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, const uint32_t *types,
-                              struct sp_scale_plan **out) {
+                              const struct sp_quantize_params *progress, struct sp_scale_plan **out) {
     *out = NULL;
     const struct sp_model_file *mf = m->mf;
     const struct sp_hparams *hp = &mf->hp;
@@ -312,6 +312,7 @@ sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, cons
     }
     const bool tied = m->output == m->tok_embd;
     for (uint32_t il = 0; il <= hp->n_layers && !rc; il++) {
+        if (il && (rc = sp_quantize_progress(progress, "scaling", (int32_t)il, (int32_t)hp->n_layers + 1))) break;
         const struct sp_layer_weights *L = il < hp->n_layers ? &m->layers[il] : NULL;
         for (int kind = 0; kind < 4 && !rc; kind++) {
             struct group g = {0};

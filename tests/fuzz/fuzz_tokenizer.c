@@ -12,9 +12,9 @@
  * reads invalid bytes as U+FFFD, and SPM takes a byte 0xF0-0xFF as the lead
  * of a 4-byte character, so it can pull a following escaped space into
  * byte tokens.
- *   make fuzz && build-fuzz/fuzz_tokenizer -max_total_time=60 build-fuzz/corpus-tok
+ *   make fuzz && build-fuzz/fuzz_tokenizer -max_total_time=60 build-fuzz/corpus-fuzz_tokenizer tests/fuzz/corpus/fuzz_tokenizer
  * Vocabularies come from $SPARROW_SHARED (default ../shared).  Not a test_
- * file: tests/run.sh does not run it.
+ * file: tests/run.sh does not run it (make fuzz-run does).
  */
 #include "format/model_file.h"
 #include "tokenizer/tokenizer.h"

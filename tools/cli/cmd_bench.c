@@ -44,7 +44,8 @@ void help_bench(FILE *f) {
             "  model_bytes_per_token  weight bytes a decoded token touches (tensor sizes)\n"
             "  kv_bytes_per_token   KV cache bytes a decode reads, averaged over the N\n"
             "A page-cache-warm file reads ~0 bytes from storage; --cold drops the file's\n"
-            "pages from the cache before each repetition.  The summary is the median.\n"
+            "pages from the cache before each repetition.  The summary is the median.  The\n"
+            "table starts once the first repetition has finished (a failure prints none).\n"
             "\n"
             "options:\n"
             "  -m, --model FILE        model file; required\n"
@@ -66,6 +67,7 @@ void help_bench(FILE *f) {
             "                          (prefetched units used before eviction) are measured\n"
             "                          over the decodes; null where they do not apply;\n"
             "                          io_wait_s_per_token: time a decode waited for reads\n"
+            CLI_HELP_TOKENIZER
             "      --cold              evict the model file from the page cache before each\n"
             "                          repetition (posix_fadvise DONTNEED)\n"
             "      --json              print one JSON object on stdout instead of the table:\n"
@@ -182,8 +184,9 @@ static void json_fields(struct bench_run *r) {
 
 /* One repetition: load, prompt, n_gen decodes; fills r.  Returns an exit
  * code (EXIT_OK or EXIT_RUNTIME, message printed). */
-static int bench_once(const char *path, enum sp_weight_mode weights, uint64_t mem_budget, struct sp_session_params sp,
-                      int n_depth, int n_prompt, int n_gen, struct bench_run *r, struct sp_model_info *info) {
+static int bench_once(const char *path, const char *tokenizer, enum sp_weight_mode weights, uint64_t mem_budget,
+                      struct sp_session_params sp, int n_depth, int n_prompt, int n_gen, struct bench_run *r,
+                      struct sp_model_info *info) {
     struct sp_model *model = NULL;
     struct sp_session *sess = NULL;
     int32_t *toks = NULL;
@@ -195,6 +198,7 @@ static int bench_once(const char *path, enum sp_weight_mode weights, uint64_t me
     reset_hwm();
     proc_io(&io0, &rc0);
     struct sp_model_params mp = sp_model_default_params();
+    mp.tokenizer_path = tokenizer;
     mp.weights = weights;
     mp.mem_budget = mem_budget;
     envelope_from(&mp, &sp);
@@ -300,7 +304,7 @@ done:
 
 int cmd_bench(int argc, char **argv) {
     struct argp a = {.cmd = "bench", .argc = argc, .argv = argv};
-    const char *model_path = NULL;
+    const char *model_path = NULL, *tokenizer = NULL;
     long long n_prompt = DEF_BENCH_PROMPT, n_gen = DEF_BENCH_GEN, reps = DEF_BENCH_REPS, n_depth = 0;
     bool json = false, cold = false;
     uint64_t mem_budget = 0;
@@ -337,6 +341,8 @@ int cmd_bench(int argc, char **argv) {
             else usage_error(a.cmd, "%s: expected auto, mmap or load, got '%s'", a.name, v);
         } else if (opt_is(&a, NULL, "--mem-budget")) {
             mem_budget = parse_size(&a, opt_value(&a));
+        } else if (opt_is(&a, NULL, "--tokenizer")) {
+            tokenizer = opt_value(&a);
         } else if (opt_is(&a, NULL, "--cold")) {
             opt_no_value(&a);
             cold = true;
@@ -363,24 +369,26 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "sparrow: bench: out of memory\n");
         goto done;
     }
-    if (!json) {
-        char batch[16];
-        snprintf(batch, sizeof batch, sp.n_batch ? "%d" : "default", (int)sp.n_batch);
-        char budget[32] = "";
-        if (mem_budget) snprintf(budget, sizeof budget, ", budget %.2f GiB", mem_budget / 1073741824.0);
-        printf("model %s: threads %d, prompt %lld, gen %lld, ctx %d, batch %s, weights %s%s%s\n", model_path,
-               (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, batch, weights_name(weights), budget,
-               cold ? ", cold page cache" : "");
-        printf("%4s %8s %8s %11s %10s %9s %12s %12s %12s\n", "rep", "load s", "ttft s", "prefill t/s", "decode t/s",
-               "ms/token", "peak RSS MiB", "read MiB", "read/token");
-        fflush(stdout);
-    }
     for (long long i = 0; i < reps; i++) {
         if (cold && evict_file(model_path) != 0 && i == 0) {
             fprintf(stderr, "sparrow: bench: warning: cannot evict '%s' from the page cache\n", model_path);
         }
-        if ((ret = bench_once(model_path, weights, mem_budget, sp, (int)n_depth, (int)n_prompt, (int)n_gen, &runs[i], &info)) != EXIT_OK) {
+        if ((ret = bench_once(model_path, tokenizer, weights, mem_budget, sp, (int)n_depth, (int)n_prompt, (int)n_gen,
+                              &runs[i], &info)) != EXIT_OK) {
             goto done;
+        }
+        if (!json && i == 0) { /* the header once a repetition worked: a failure prints no table */
+            char batch[16];
+            snprintf(batch, sizeof batch, sp.n_batch ? "%d" : "default", (int)sp.n_batch);
+            char budget[32] = "";
+            if (mem_budget) snprintf(budget, sizeof budget, ", budget %.2f GiB", mem_budget / 1073741824.0);
+            char depth[32] = "";
+            if (n_depth) snprintf(depth, sizeof depth, "depth %lld, ", n_depth);
+            printf("model %s: threads %d, %sprompt %lld, gen %lld, ctx %d, batch %s, weights %s%s%s\n", model_path,
+                   (int)sp.n_threads, depth, n_prompt, n_gen, (int)sp.n_ctx, batch, weights_name(weights), budget,
+                   cold ? ", cold page cache" : "");
+            printf("%4s %8s %8s %11s %10s %9s %12s %12s %12s\n", "rep", "load s", "ttft s", "prefill t/s",
+                   "decode t/s", "ms/token", "peak RSS MiB", "read MiB", "read/token");
         }
         if (!json) {
             const struct bench_run *r = &runs[i];

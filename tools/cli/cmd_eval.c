@@ -73,8 +73,7 @@ void help_eval(FILE *f) {
             "                          sliding window)\n"
             "      --json              print one JSON object on stdout instead of the summary\n"
             "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
-            "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
-            "                          beside the model)\n"
+            CLI_HELP_TOKENIZER
             "  -v, --verbose           print the library's log messages on stderr\n"
             "  -h, --help              print this help and exit\n"
             "\n"
@@ -246,6 +245,10 @@ int cmd_eval(int argc, char **argv) {
     }
     if (ref_path && (rc = load_model(ref_path, tokenizer, false, 0, NULL, &ref)) != SP_OK) {
         ret = lib_error("loading the reference", rc);
+        goto done;
+    }
+    if (ref && (rc = sp_eval_check_ref(model, ref)) != SP_OK) { /* before sampling anything from it */
+        ret = lib_error("comparing the vocabularies", rc);
         goto done;
     }
     sp_model_get_info(model, &mi);

@@ -27,8 +27,7 @@ void help_inspect(FILE *f) {
                "\n"
                "options:\n"
                "  -m, --model FILE        the model (instead of the MODEL argument)\n"
-               "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
-               "                          beside the model)\n"
+               CLI_HELP_TOKENIZER
                "      --vocab-only        load only the vocabulary (for vocabulary-only GGUF files)\n"
                "  -v, --verbose           print the library's log messages on stderr\n"
                "  -h, --help              print this help and exit\n"

@@ -38,6 +38,7 @@ void help_plan(FILE *f) {
             "  -b, --batch N           prompt batch of that session (default: 128)\n"
             "  -t, --threads N         accepted for symmetry with run; does not change the plan\n"
             CLI_HELP_CACHE_TYPES
+            CLI_HELP_TOKENIZER
             "      --json              print one JSON object instead of the table\n"
             "  -v, --verbose           print the library's log messages on stderr\n"
             "  -h, --help              print this help and exit\n"
@@ -51,7 +52,7 @@ static const char *const wclass_keys[SP_WCLASS_COUNT] = {"small", "dense", "expe
 
 int cmd_plan(int argc, char **argv) {
     struct argp a = {.cmd = "plan", .argc = argc, .argv = argv};
-    const char *model_path = NULL;
+    const char *model_path = NULL, *tokenizer = NULL;
     uint64_t mem_budget = 0;
     bool json = false;
     struct sp_session_params sp = sp_session_default_params();
@@ -66,6 +67,8 @@ int cmd_plan(int argc, char **argv) {
             model_path = opt_value(&a);
         } else if (opt_is(&a, NULL, "--mem-budget")) {
             mem_budget = parse_size(&a, opt_value(&a));
+        } else if (opt_is(&a, NULL, "--tokenizer")) {
+            tokenizer = opt_value(&a);
         } else if (session_opt(&a, &sp)) {
             /* -t, -c, -b, -ctk, -ctv, --kv-type */
         } else if (opt_is(&a, NULL, "--json")) {
@@ -82,7 +85,7 @@ int cmd_plan(int argc, char **argv) {
     struct sp_model_info mi;
     struct sp_plan_info pi;
     int ret = EXIT_RUNTIME;
-    sp_status rc = load_model(model_path, NULL, false, mem_budget, &sp, &model);
+    sp_status rc = load_model(model_path, tokenizer, false, mem_budget, &sp, &model);
     if (rc != SP_OK) {
         ret = lib_error("loading the model", rc);
         goto done;

@@ -57,9 +57,9 @@ void help_quantize(FILE *f) {
                "                          attention whole KV groups go, so N must be a multiple\n"
                "                          of the group size (default: 0)\n"
                "      --tokenizer FILE    llama2.c input: its tokenizer (default: tokenizer.bin\n"
-               "                          beside it)\n"
+               "                          beside it); a GGUF input has its own: refused\n"
                "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
-               "  -q, --quiet             no per-tensor lines on stderr\n"
+               "  -q, --quiet             no progress or per-tensor lines on stderr\n"
                "  -v, --verbose           print the library's log messages on stderr\n"
                "  -h, --help              print this help and exit\n"
                "\n"
@@ -74,10 +74,38 @@ static void quantize_on_signal(int sig) {
     quantize_interrupted = 1;
 }
 
-static bool quantize_report(const struct sp_quantize_tensor_report *r, void *user) {
-    const int quiet = *(const int *)user;
+struct quantize_ui {
+    int quiet, tty;
+    bool line_open; /* a '\r' progress line waits for its end */
+    double last;    /* when the last progress line was printed */
+};
+
+/* Calibration and scale search before the first tensor: on a terminal one
+ * line redrawn per step, otherwise a line a second at most (and the last). */
+static bool quantize_progress(const char *stage, int32_t done, int32_t total, void *user) {
+    struct quantize_ui *ui = user;
     if (quantize_interrupted) return false;
-    if (quiet) return true;
+    if (ui->quiet) return true;
+    const double t = now_s();
+    if (ui->tty) {
+        fprintf(stderr, "\r%s: %d of %d %s  ", stage, (int)done, (int)total,
+                strcmp(stage, "calibrating") == 0 ? "chunks of the text" : "layers");
+        ui->line_open = done < total;
+        if (done == total) fputc('\n', stderr);
+    } else if (done == total || t - ui->last >= 1.0) {
+        fprintf(stderr, "%s: %d of %d %s\n", stage, (int)done, (int)total,
+                strcmp(stage, "calibrating") == 0 ? "chunks of the text" : "layers");
+        ui->last = t;
+    }
+    return true;
+}
+
+static bool quantize_report(const struct sp_quantize_tensor_report *r, void *user) {
+    struct quantize_ui *ui = user;
+    if (quantize_interrupted) return false;
+    if (ui->quiet) return true;
+    if (ui->line_open) fputc('\n', stderr);
+    ui->line_open = false;
     char shape[64], b[32], imp[32] = "";
     int n = snprintf(shape, sizeof shape, "[%" PRId64, r->ne[0]);
     for (int d = 1; d < r->n_dims && n > 0 && (size_t)n < sizeof shape; d++) {
@@ -95,7 +123,7 @@ static bool quantize_report(const struct sp_quantize_tensor_report *r, void *use
 int cmd_quantize(int argc, char **argv) {
     struct argp a = {.cmd = "quantize", .argc = argc, .argv = argv};
     struct sp_quantize_params p = sp_quantize_default_params();
-    int quiet = 0;
+    struct quantize_ui ui = {.tty = isatty(STDERR_FILENO), .last = now_s()};
     p.n_threads = default_threads();
 
     for (a.i = 1; a.i < argc; a.i++) {
@@ -136,7 +164,7 @@ int cmd_quantize(int argc, char **argv) {
             p.n_threads = (int32_t)parse_int(&a, opt_value(&a), 1, MAX_THREADS);
         } else if (opt_is(&a, "-q", "--quiet")) {
             opt_no_value(&a);
-            quiet = 1;
+            ui.quiet = 1;
         } else if (opt_is(&a, "-v", "--verbose")) {
             opt_no_value(&a);
             log_verbose = 1;
@@ -169,7 +197,8 @@ int cmd_quantize(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     p.on_tensor = quantize_report;
-    p.user = &quiet;
+    p.on_progress = quantize_progress;
+    p.user = &ui;
 
     struct sp_quantize_result res;
     sp_status rc = sp_quantize(&p, &res);

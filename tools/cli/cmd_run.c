@@ -64,8 +64,7 @@ void help_run(FILE *f) {
             "                          binary units: 7.5G = 7.5 GiB, 512M.  What does not fit\n"
             "                          streams from storage (see 'sparrow plan').  Default:\n"
             "                          no budget, every weight resident\n"
-            "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
-            "                          beside the model)\n"
+            CLI_HELP_TOKENIZER
             "  -v, --verbose           print the library's log messages on stderr\n"
             "  -h, --help              print this help and exit\n"
             "\n"
@@ -73,13 +72,30 @@ void help_run(FILE *f) {
             "top-k, top-p, min-p, and a draw from the seeded RNG.  The same model, prompt,\n"
             "options and seed give the same output.\n"
             "\n"
+            "Ctrl-C stops the generation after the current token: the line is ended, the\n"
+            "timings printed, and the exit status is 130 (a second Ctrl-C kills at once).\n"
+            "\n"
             "exit status: 0 success (also when the context fills up), 1 runtime or library\n"
-            "error (e.g. a missing file, a prompt longer than the context), 2 usage error.\n",
+            "error (e.g. a missing file, a prompt longer than the context), 2 usage error,\n"
+            "130 interrupted (Ctrl-C).\n",
             DEF_N_PREDICT, DEF_TEMP, DEF_TOP_K, DEF_TOP_P, DEF_MIN_P, DEF_REPEAT_PENALTY, MAX_REPEAT_LAST_N,
             DEF_REPEAT_LAST_N, MAX_THREADS, default_threads(), MAX_BATCH);
 }
 
 /* ---- run ------------------------------------------------------------------------ */
+
+/* Ctrl-C stops the generation between tokens (or the prompt between batches):
+ * the line is ended, the summary printed, and the exit status is 130 (as a
+ * shell reports a process SIGINT killed).  A second Ctrl-C kills at once. */
+static volatile sig_atomic_t run_interrupted;
+static void run_on_sigint(int sig) {
+    run_interrupted = 1;
+    signal(sig, SIG_DFL);
+}
+static bool run_abort(void *user) {
+    (void)user;
+    return run_interrupted != 0;
+}
 
 int cmd_run(int argc, char **argv) {
     struct argp a = {.cmd = "run", .argc = argc, .argv = argv};
@@ -188,6 +204,12 @@ int cmd_run(int argc, char **argv) {
         goto done;
     }
     const double t_load = now_s() - t_load0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = run_on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sp_session_set_abort(sess, run_abort, NULL);
 
     rc = tokenize_all(model, prompt, prompt_len, SP_TOKENIZE_ADD_BOS, &toks, &n_toks);
     if (rc != SP_OK) {
@@ -224,23 +246,30 @@ int cmd_run(int argc, char **argv) {
                     (int)n_toks);
         }
     }
+    enum { STOP_N, STOP_EOG, STOP_CTX, STOP_INT } stop = STOP_N;
     const double t_p0 = now_s();
     rc = sp_decode(sess, toks + reuse, n_toks - reuse);
-    if (rc != SP_OK) {
+    if (rc == SP_E_ABORTED && run_interrupted) {
+        stop = STOP_INT;
+    } else if (rc != SP_OK) {
         ret = lib_error("decoding the prompt", rc);
         goto done;
     }
     const double t_prompt = now_s() - t_p0;
-    if (prompt_cache && !prompt_cache_ro && (rc = sp_session_save(sess, prompt_cache)) != SP_OK)
+    if (stop != STOP_INT && prompt_cache && !prompt_cache_ro && (rc = sp_session_save(sess, prompt_cache)) != SP_OK)
         fprintf(stderr, "sparrow: run: warning: cannot save the prompt cache: %s\n", sp_last_error());
 
-    enum { STOP_N, STOP_EOG, STOP_CTX } stop = STOP_N;
     long long n_gen = 0, n_dec = 0;
     double t_dec = 0;
+    char last = '\n'; /* the last byte written to stdout */
     const double t_g0 = now_s();
-    while (n_predict < 0 || n_gen < n_predict) {
+    while (stop != STOP_INT && (n_predict < 0 || n_gen < n_predict)) {
         int32_t tok;
         size_t len = 0;
+        if (run_interrupted) {
+            stop = STOP_INT;
+            break;
+        }
         rc = sp_sample(sess, &tok);
         if (rc != SP_OK) {
             ret = lib_error("sampling", rc);
@@ -259,6 +288,7 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "sparrow: run: cannot write to stdout: %s\n", strerror(errno));
             goto done;
         }
+        if (len) last = pb.p[len - 1];
         n_gen++;
         if (n_predict >= 0 && n_gen >= n_predict) break; /* the last token needs no decode */
         const double t0 = now_s();
@@ -276,7 +306,11 @@ int cmd_run(int argc, char **argv) {
     }
     const double t_gen = now_s() - t_g0;
 
-    if (n_gen > 0 && isatty(STDOUT_FILENO)) fputc('\n', stderr); /* keep the stats off the text's line */
+    /* keep the stats off the text's line where both are seen together: a
+     * terminal, or stdout and stderr the same file (2>&1) */
+    if (last != '\n' && (isatty(STDOUT_FILENO) || stdout_is_stderr())) fputc('\n', stderr);
+    if (stop == STOP_INT)
+        fprintf(stderr, "sparrow: run: interrupted after %lld generated tokens\n", n_gen);
     if (stop == STOP_CTX)
         fprintf(stderr, "sparrow: run: context full (%d tokens); stopped after %lld generated tokens\n",
                 (int)n_ctx, n_gen);
@@ -285,7 +319,7 @@ int cmd_run(int argc, char **argv) {
             "(%.1f tok/s) | generated %lld tokens in %.3f s%s\n",
             t_load, (int)(n_toks - reuse), t_prompt, t_prompt > 0 ? (n_toks - reuse) / t_prompt : 0.0, n_dec, t_dec,
             t_dec > 0 ? n_dec / t_dec : 0.0, n_gen, t_gen, stop == STOP_EOG ? " | stopped at end of generation" : "");
-    ret = EXIT_OK;
+    ret = stop == STOP_INT ? EXIT_INTERRUPTED : EXIT_OK;
 
 done:
     free(pb.p);

@@ -31,8 +31,7 @@ void help_tokenize(FILE *f) {
                "      --file FILE         tokenize FILE's bytes ('-' = stdin); excludes TEXT\n"
                "      --no-bos            never prepend BOS (default: prepend it when the\n"
                "                          vocabulary asks for it)\n"
-               "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
-               "                          beside the model)\n"
+               CLI_HELP_TOKENIZER
                "  -v, --verbose           print the library's log messages on stderr\n"
                "  -h, --help              print this help and exit\n"
                "  --                      end of options: the next argument is TEXT\n"

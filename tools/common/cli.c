@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -146,8 +147,12 @@ uint64_t parse_size(struct argp *a, const char *s) {
     char *end;
     errno = 0;
     const double v = strtod(s, &end);
-    if (end == s || !(s[0] >= '0' && s[0] <= '9') || errno == ERANGE || !(v > 0)) {
+    if (end == s || !(s[0] >= '0' && s[0] <= '9') || errno == ERANGE || !(v >= 0)) {
         usage_error(a->cmd, "%s: expected a size such as 7.5G, 512M or 1048576, got '%s'", a->name, s);
+    }
+    if (v == 0) {
+        usage_error(a->cmd, "%s: a size of 0 is no budget: leave the option out to keep every weight resident, or "
+                    "give a size such as 7.5G or 512M", a->name);
     }
     double mul = 1;
     const char *u = end;
@@ -161,6 +166,16 @@ uint64_t parse_size(struct argp *a, const char *s) {
     if (mul > 1 && (u[0] == 'i' || u[0] == 'I') && (u[1] == 'b' || u[1] == 'B')) u += 2;
     else if (mul > 1 && (u[0] == 'b' || u[0] == 'B')) u++;
     if (*u != '\0') usage_error(a->cmd, "%s: unknown unit in '%s' (use K, M, G or T: binary units)", a->name, s);
+    /* a number without a unit is bytes: a fraction of a byte, or a budget
+     * no model runs in, is a forgotten unit */
+    if (mul == 1 && v != (double)(uint64_t)v) {
+        usage_error(a->cmd, "%s: '%s' has no unit, and a number of bytes is whole: did you mean %sG or %sM?", a->name,
+                    s, s, s);
+    }
+    if (mul == 1 && v < 1048576.0) {
+        usage_error(a->cmd, "%s: '%s' without a unit is %s bytes, too few to run any model: did you mean %sM or %sG?",
+                    a->name, s, s, s, s);
+    }
     const double bytes = v * mul;
     if (bytes < 1 || bytes > 1.8e19) usage_error(a->cmd, "%s: size out of range: '%s'", a->name, s);
     return (uint64_t)bytes;
@@ -195,6 +210,11 @@ double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+bool stdout_is_stderr(void) {
+    struct stat o, e;
+    return fstat(STDOUT_FILENO, &o) == 0 && fstat(STDERR_FILENO, &e) == 0 && o.st_dev == e.st_dev && o.st_ino == e.st_ino;
 }
 
 /* Read a whole file ('-' = stdin) into malloc'd memory; *len = bytes.

@@ -17,7 +17,7 @@
 
 #define SPARROW_CLI_VERSION SPARROW_VERSION
 
-enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
+enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 130 /* 128 + SIGINT, as shells report */ };
 
 /* ---- defaults (the help text prints these very values) -------------------- */
 #define DEF_N_PREDICT 128
@@ -60,7 +60,9 @@ void opt_no_value(struct argp *a);  /* reject "--flag=VALUE" */
 const char *opt_value(struct argp *a);
 long long parse_int(struct argp *a, const char *s, long long lo, long long hi);
 uint64_t parse_u64(struct argp *a, const char *s);
-/* A memory size with an optional binary unit (K, M, G, T; KiB...): > 0. */
+/* A memory size with an optional binary unit (K, M, G, T; KiB...): > 0;
+ * without a unit, a whole number of bytes, at least 1 MiB (less is taken
+ * for a forgotten unit and refused, as 0 is, with a hint). */
 uint64_t parse_size(struct argp *a, const char *s);
 /* A finite number in [lo, hi], or in (lo, hi] when lo_open. */
 double parse_num(struct argp *a, const char *s, double lo, double hi, int lo_open);
@@ -83,6 +85,11 @@ void last_opt(struct argp *a, const char *hint);
     "      --kv-type T         both at once\n"                                                                       \
     "      --list-cache-types  print each cache type and its bits per value, then exit\n"
 
+/* The help lines of --tokenizer (run, bench, plan, eval, inspect, tokenize). */
+#define CLI_HELP_TOKENIZER                                                                                             \
+    "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"                               \
+    "                          beside the model); a GGUF file has its own: refused\n"
+
 /* ---- utilities ------------------------------------------------------------------ */
 
 int default_threads(void);
@@ -92,6 +99,8 @@ int list_cache_types(void);
 /* A cache type name, else a usage error. */
 enum sp_kv_type parse_cache_type(struct argp *a, const char *v);
 double now_s(void);
+/* stdout and stderr are the same file (a terminal, `>f 2>&1`, one pipe). */
+bool stdout_is_stderr(void);
 /* Read a whole file ('-' = stdin); 0, or -1 with a message printed. */
 int read_all(const char *cmd, const char *path, char **out, size_t *len);
 /* Tokenize into a malloc'd array. */
