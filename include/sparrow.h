@@ -331,6 +331,10 @@ sp_status sp_session_truncate(struct sp_session *s, int32_t n);
  * stay).  SP_E_INVALID for nonsense values (message says which). */
 sp_status sp_session_set_sampling(struct sp_session *s, const struct sp_sampling_params *p);
 
+/* Reseed the sampler's RNG (the penalty history stays): what follows is
+ * what a fresh session with this seed would draw from the same logits. */
+void sp_session_set_seed(struct sp_session *s, uint64_t seed);
+
 /* Called before each batch of a long sp_decode; returning true stops it with
  * SP_E_ABORTED.  NULL removes it.  It runs on the decoding thread. */
 typedef bool (*sp_abort_fn)(void *user);
@@ -354,6 +358,23 @@ sp_status sp_session_kv_info(const struct sp_session *s, struct sp_kv_info *out)
 
 /* Bytes allocated by the session (KV cache quota + scratch + logits). */
 uint64_t sp_session_memory_bytes(const struct sp_session *s);
+
+/* Save the session -- its tokens, their KV cache rows as stored, the last
+ * logits and the sampler's state (RNG and penalty history) -- to path: a
+ * versioned file with a SHA-256 checksum, written to a temporary file in
+ * path's folder and renamed into place (docs/FORMAT.md).  SP_E_IO (message
+ * names the file), SP_E_NOMEM. */
+sp_status sp_session_save(struct sp_session *s, const char *path);
+
+/* Replace the session's content with a saved one, so that decoding goes on
+ * exactly (bit for bit) as it would have in the session that was saved.
+ * The file must come from the same model (a fingerprint of its tensors and
+ * hyper-parameters) and cache types, and hold at most n_ctx tokens; it is
+ * refused otherwise (SP_E_INVALID, the message says what differs), and when
+ * it is truncated or corrupt (SP_E_FORMAT, the message names the field or
+ * "checksum"); a refused file leaves the session as it was (the whole file
+ * is checked before it is used).  SP_E_IO, and then the session is empty. */
+sp_status sp_session_load(struct sp_session *s, const char *path);
 
 /* ---------------------------------------------------------------------------
  * Memory budget: the placement plan and the pager's counters.

@@ -105,6 +105,8 @@ step() {
 }
 
 step kernels-max max test_kernels
+step kv-max max test_kv
+step kv-a72 cortex-a72 test_kv
 step native-max max test_native
 step native-a72 cortex-a72 test_native
 step dispatch-max max test_neon SPARROW_EXPECT_DOTPROD=1

@@ -8,6 +8,9 @@
 #include "api_internal.h"
 #include "core/core.h"
 #include "core/cpu.h"
+#include "core/file.h"
+#include "core/hash.h"
+#include "format/session.h"
 #include "mem/pager.h"
 #include "model/model.h"
 #include "model/seq.h"
@@ -17,7 +20,9 @@
 #include "sample/sampler.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <unistd.h>
 
 void sp_init(void) {
@@ -531,6 +536,12 @@ sp_status sp_session_set_sampling(struct sp_session *s, const struct sp_sampling
     return rc;
 }
 
+void sp_session_set_seed(struct sp_session *s, uint64_t seed) {
+    if (!s) return;
+    s->p.seed = seed;
+    sp_sampler_seed(s->sampler, seed);
+}
+
 void sp_session_set_abort(struct sp_session *s, sp_abort_fn fn, void *user) {
     if (!s) return;
     s->seq->abort_fn = fn;
@@ -560,6 +571,294 @@ sp_status sp_session_kv_info(const struct sp_session *s, struct sp_kv_info *out)
 uint64_t sp_session_memory_bytes(const struct sp_session *s) {
     if (!s) return 0;
     return sp_seq_bytes(s->model, &s->seq->p) + (uint64_t)s->n_rows * s->model->mf->hp.n_vocab * sizeof(float);
+}
+
+/* ---- saved sessions ------------------------------------------------------ */
+
+/* What a saved session must match: the architecture, the hyper-parameters,
+ * the tensor directory (names, types, shapes, sizes) and the bytes of the
+ * output norm (tiny, always resident: two fine-tunes of one shape differ in
+ * it).  SHA-256, computed once per model. */
+static sp_status model_fingerprint(struct sp_model *m, uint8_t out[SP_SHA256_BYTES]) {
+    pthread_mutex_lock(&m->kv_mu);
+    sp_status rc = SP_OK;
+    if (!m->has_fingerprint) {
+        const struct sp_hparams *hp = &m->mf->hp;
+        struct sp_sha256_ctx *c = NULL;
+        if ((rc = sp_sha256_init(&c))) goto out;
+        char buf[512];
+        int n = snprintf(buf, sizeof buf, "sparrow-model-1 %s v%u e%u l%u h%u/%u d%u/%u ff%u x%u/%u/%u t%.9g s%.9g r%u%c e%.9g",
+                         sp_arch_name(hp->arch), hp->n_vocab, hp->n_embd, hp->n_layers, hp->n_heads, hp->n_kv_heads,
+                         hp->head_dim_k, hp->head_dim_v, hp->n_ff, hp->n_experts, hp->n_experts_used, hp->n_ff_exp,
+                         (double)hp->rope_theta, (double)hp->rope_freq_scale, hp->rope_dims,
+                         hp->rope_neox ? 'n' : 'a', (double)hp->rms_eps);
+        rc = sp_sha256_update(c, buf, (size_t)n);
+        for (uint32_t i = 0; i < m->mf->n_tensors && !rc; i++) {
+            const struct sp_tensor_desc *t = &m->mf->tensors[i];
+            n = snprintf(buf, sizeof buf, "|%s %u %lld %lld %lld %lld %llu", t->name, t->type, (long long)t->ne[0],
+                         (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3], (unsigned long long)t->size);
+            rc = sp_sha256_update(c, buf, (size_t)n);
+        }
+        const void *w = NULL;
+        if (!rc && (rc = sp_pager_pin(m->pager, m->output_norm, &w)) == SP_OK) {
+            rc = sp_sha256_update(c, w, (size_t)m->output_norm->size);
+            sp_pager_unpin(m->pager, m->output_norm, w);
+        }
+        if (!rc) {
+            rc = sp_sha256_final(c, m->fingerprint);
+            c = NULL;
+        }
+        sp_sha256_free(c);
+        m->has_fingerprint = rc == SP_OK;
+    }
+    if (!rc) memcpy(out, m->fingerprint, SP_SHA256_BYTES);
+out:
+    pthread_mutex_unlock(&m->kv_mu);
+    return rc;
+}
+
+/* Buffered writes to the temporary file, hashing as they go. */
+struct save_out {
+    int fd;
+    const char *path;
+    uint8_t *buf;
+    size_t n, cap;
+    struct sp_sha256_ctx *hash;
+    sp_status rc;
+};
+
+static void out_flush(struct save_out *o) {
+    for (size_t done = 0; o->rc == SP_OK && done < o->n;) {
+        const ssize_t w = write(o->fd, o->buf + done, o->n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            o->rc = sp_err(SP_E_IO, "sp_session_save: writing '%s' failed: %s", o->path, w < 0 ? strerror(errno) : "no progress");
+            break;
+        }
+        done += (size_t)w;
+    }
+    o->n = 0;
+}
+
+static void out_put(struct save_out *o, const void *p, size_t n, bool hash) {
+    if (o->rc) return;
+    if (hash && (o->rc = sp_sha256_update(o->hash, p, n))) return;
+    while (n > 0 && o->rc == SP_OK) {
+        const size_t k = SP_MIN(n, o->cap - o->n);
+        memcpy(o->buf + o->n, p, k);
+        o->n += k;
+        p = (const uint8_t *)p + k;
+        n -= k;
+        if (o->n == o->cap) out_flush(o);
+    }
+}
+
+static void out_u32(struct save_out *o, uint32_t v) {
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    out_put(o, b, 4, true);
+}
+
+sp_status sp_session_save(struct sp_session *s, const char *path) {
+    if (!s || !path) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    struct sp_model *m = s->model;
+    const struct sp_seq *q = s->seq;
+    const struct sp_hparams *hp = &m->mf->hp;
+    struct sp_session_file h = {0};
+    sp_status rc = model_fingerprint(m, h.fingerprint);
+    if (rc) return rc;
+    h.n_ctx = q->p.n_ctx;
+    h.type_k = q->p.type_k;
+    h.type_v = q->p.type_v;
+    h.n_layers = hp->n_layers;
+    h.n_kv_heads = hp->n_kv_heads;
+    h.hd_k = hp->head_dim_k;
+    h.hd_v = hp->head_dim_v;
+    h.n_cells = q->cells.n;
+    h.next_pos = q->next_pos;
+    h.n_discarded = q->n_discarded;
+    h.n_shifts = q->n_shifts;
+    sp_sampler_rng_get(s->sampler, h.rng);
+    int32_t *hist = sp_malloc((size_t)SP_MAX(1, s->p.sampling.repeat_last_n) * sizeof *hist);
+    struct save_out o = {.fd = -1, .path = path, .cap = 1 << 20};
+    o.buf = sp_malloc(o.cap);
+    char *tmp = NULL;
+    if (!hist || !o.buf) {
+        rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+        goto done;
+    }
+    const uint32_t n_hist = (uint32_t)sp_sampler_history(s->sampler, hist);
+    if ((rc = sp_sha256_init(&o.hash))) goto done;
+    if ((rc = sp_file_tmp_create(path, &tmp, &o.fd))) goto done;
+    uint8_t hdr[SP_SESSION_HEADER_BYTES];
+    sp_session_file_header(&h, hdr);
+    out_put(&o, hdr, sizeof hdr, true);
+    for (uint32_t i = 0; i < h.n_cells; i++) out_u32(&o, (uint32_t)q->cells.tok[i]);
+    for (uint32_t i = 0; i < h.n_cells; i++) out_u32(&o, (uint32_t)q->cells.pos[i]);
+    out_u32(&o, n_hist);
+    for (uint32_t i = 0; i < n_hist; i++) out_u32(&o, (uint32_t)hist[i]);
+    const float *logits = sp_get_logits(s);
+    out_u32(&o, logits ? hp->n_vocab : 0);
+    for (uint32_t v = 0; logits && v < hp->n_vocab; v++) {
+        uint32_t bits;
+        memcpy(&bits, &logits[v], 4);
+        out_u32(&o, bits);
+    }
+    for (uint32_t i = 0; i < h.n_cells; i++) {
+        for (uint32_t il = 0; il < hp->n_layers; il++) {
+            for (uint32_t kh = 0; kh < hp->n_kv_heads; kh++) {
+                out_put(&o, sp_kv_key_row(q->kv, q->cells.slot[i], il, kh), q->kv->rb_k, true);
+                out_put(&o, sp_kv_value_row(q->kv, q->cells.slot[i], il, kh), q->kv->rb_v, true);
+            }
+        }
+    }
+    uint8_t digest[SP_SHA256_BYTES];
+    if (!o.rc) {
+        o.rc = sp_sha256_final(o.hash, digest);
+        o.hash = NULL;
+    }
+    out_put(&o, digest, sizeof digest, false);
+    if (!o.rc) out_flush(&o);
+    if ((rc = o.rc)) goto done;
+    rc = sp_file_tmp_commit(o.fd, tmp, path);
+done:
+    if (o.fd >= 0) close(o.fd);
+    if (rc && tmp) unlink(tmp);
+    sp_free(tmp);
+    sp_sha256_free(o.hash);
+    sp_free(o.buf);
+    sp_free(hist);
+    return rc;
+}
+
+static size_t session_row_bytes(uint32_t type, uint32_t hd) {
+    return type < SP_KV_TYPE_COUNT ? sp_kv_row_bytes((enum sp_kv_type)type, (int32_t)hd) : 0;
+}
+
+static uint32_t rd_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* Read n u32s at off into out (a section of the session file). */
+static sp_status read_u32s(struct sp_file *f, uint64_t off, uint32_t n, void *out) {
+    sp_status rc = sp_file_read_at(f, off, out, (size_t)n * 4);
+    if (rc) return rc;
+    uint8_t *b = out;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t v = rd_u32(b + 4 * i);
+        memcpy(b + 4 * i, &v, 4);
+    }
+    return SP_OK;
+}
+
+sp_status sp_session_load(struct sp_session *s, const char *path) {
+    if (!s || !path) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    struct sp_file *f = NULL;
+    sp_status rc = sp_file_open(path, &f);
+    if (!rc) rc = sp_session_load_from(s, f, true);
+    sp_file_close(f);
+    return rc;
+}
+
+sp_status sp_session_load_from(struct sp_session *s, struct sp_file *f, bool verify) {
+    struct sp_model *m = s->model;
+    struct sp_seq *q = s->seq;
+    const struct sp_hparams *hp = &m->mf->hp;
+    const char *path = sp_file_path(f);
+    struct sp_session_file h;
+    int32_t *tok = NULL, *pos = NULL, *hist = NULL;
+    uint8_t fp[SP_SHA256_BYTES];
+    sp_status rc = model_fingerprint(m, fp);
+    if (rc || (rc = sp_session_file_parse(f, session_row_bytes, &h))) goto done;
+    if (!sp_sha256_eq(h.fingerprint, fp)) {
+        rc = sp_err(SP_E_INVALID, "%s: '%s' was saved from another model (its fingerprint differs from this one's)",
+                    "sp_session_load", path);
+        goto done;
+    }
+    if (h.n_layers != hp->n_layers || h.n_kv_heads != hp->n_kv_heads || h.hd_k != hp->head_dim_k ||
+        h.hd_v != hp->head_dim_v) {
+        rc = sp_err(SP_E_INVALID, "%s: '%s' has a KV geometry (%u layers, %u KV heads of %u/%u) unlike this model's",
+                    "sp_session_load", path, h.n_layers, h.n_kv_heads, h.hd_k, h.hd_v);
+        goto done;
+    }
+    if (h.type_k != (uint32_t)q->p.type_k || h.type_v != (uint32_t)q->p.type_v) {
+        rc = sp_err(SP_E_INVALID, "%s: '%s' holds a %s/%s KV cache; this session's is %s/%s (-ctk/-ctv)", "sp_session_load", path,
+                    sp_kv_type_name((enum sp_kv_type)h.type_k), sp_kv_type_name((enum sp_kv_type)h.type_v),
+                    sp_kv_type_name(q->p.type_k), sp_kv_type_name(q->p.type_v));
+        goto done;
+    }
+    if (h.n_cells > q->p.n_ctx) {
+        rc = sp_err(SP_E_INVALID, "%s: '%s' holds %u tokens; this session's context is %u", "sp_session_load", path, h.n_cells,
+                    q->p.n_ctx);
+        goto done;
+    }
+    if (h.n_logits != 0 && h.n_logits != hp->n_vocab) {
+        rc = sp_err(SP_E_FORMAT, "%s: '%s' holds %u logits for a vocabulary of %u", "sp_session_load", path, h.n_logits,
+                    hp->n_vocab);
+        goto done;
+    }
+    /* the whole file is checked before any of it is used */
+    if (verify && (rc = sp_session_file_verify(f, &h))) goto done;
+    tok = sp_malloc((size_t)SP_MAX(1u, h.n_cells) * 4);
+    pos = sp_malloc((size_t)SP_MAX(1u, h.n_cells) * 4);
+    hist = sp_malloc((size_t)SP_MAX(1u, h.n_hist) * 4);
+    if (!tok || !pos || !hist) {
+        rc = sp_err(SP_E_NOMEM, "%s: out of memory", "sp_session_load");
+        goto done;
+    }
+    if ((rc = read_u32s(f, h.tok_off, h.n_cells, tok)) || (rc = read_u32s(f, h.pos_off, h.n_cells, pos)) ||
+        (rc = read_u32s(f, h.hist_off + 4, h.n_hist, hist)))
+        goto done;
+    for (uint32_t i = 0; i < h.n_cells; i++) {
+        if (tok[i] < 0 || (uint32_t)tok[i] >= hp->n_vocab || (i > 0 && pos[i] <= pos[i - 1]) || pos[i] < 0 ||
+            pos[i] >= h.next_pos) {
+            rc = sp_err(SP_E_FORMAT, "%s: '%s': cell %u holds token %d at position %d, which is not valid here",
+                        "sp_session_load", path, i, tok[i], pos[i]);
+            goto done;
+        }
+    }
+    for (uint32_t i = 0; i < h.n_hist; i++) {
+        if (hist[i] < 0 || (uint32_t)hist[i] >= hp->n_vocab) {
+            rc = sp_err(SP_E_FORMAT, "%s: '%s': penalty history token %d is outside the vocabulary", "sp_session_load", path,
+                        hist[i]);
+            goto done;
+        }
+    }
+    /* from here on the session changes: nothing below can fail but a read */
+    sp_session_reset(s);
+    for (uint32_t i = 0; i < h.n_cells; i++) {
+        if ((rc = sp_kv_cells_append(&q->cells, &tok[i], 1, pos[i]))) goto undo;
+    }
+    uint64_t off = h.kv_off;
+    for (uint32_t i = 0; i < h.n_cells; i++) {
+        for (uint32_t il = 0; il < hp->n_layers; il++) {
+            for (uint32_t kh = 0; kh < hp->n_kv_heads; kh++) {
+                if ((rc = sp_file_read_at(f, off, sp_kv_key_row(q->kv, q->cells.slot[i], il, kh), q->kv->rb_k)))
+                    goto undo;
+                off += q->kv->rb_k;
+                if ((rc = sp_file_read_at(f, off, sp_kv_value_row(q->kv, q->cells.slot[i], il, kh), q->kv->rb_v)))
+                    goto undo;
+                off += q->kv->rb_v;
+            }
+        }
+    }
+    if (h.n_logits) {
+        if ((rc = read_u32s(f, h.logits_off + 4, h.n_logits, s->logits))) goto undo;
+        s->n_last = 1;
+        s->n_logits = 1;
+    }
+    q->next_pos = h.next_pos;
+    q->n_discarded = h.n_discarded;
+    q->n_shifts = h.n_shifts;
+    sp_sampler_rng_set(s->sampler, h.rng);
+    sp_sampler_history_set(s->sampler, hist, (int32_t)h.n_hist);
+    goto done;
+undo:
+    sp_session_reset(s);
+done:
+    sp_free(tok);
+    sp_free(pos);
+    sp_free(hist);
+    return rc;
 }
 
 /* ---- memory budget -------------------------------------------------------- */

@@ -20,4 +20,10 @@ sp_status sp_session_trace_routing(struct sp_session *s, bool on);
  * The pointers in *out stay valid until the next sp_decode / reset / free. */
 bool sp_session_routing(const struct sp_session *s, uint32_t il, uint32_t pos, struct sp_moe_route *out);
 
+/* sp_session_load on an open source (a file, or memory: the fuzz target),
+ * optionally without the checksum check (fuzzing reaches the checks after
+ * it that way).  Same contract otherwise. */
+struct sp_file;
+sp_status sp_session_load_from(struct sp_session *s, struct sp_file *f, bool verify);
+
 #endif /* SP_API_INTERNAL_H */

@@ -832,6 +832,51 @@ static void test_no_alloc_on_token_path(void) {
     }
 }
 
+/* The same with quantized caches and context shifts every few tokens (a
+ * window of 40 with 4 sinks, shifting half, and a sliding window): the
+ * shifts re-rotate keys in place, copy nothing and allocate nothing. */
+static void test_no_alloc_quantized_shift(void) {
+    const struct {
+        enum sp_kv_type k, v;
+        int32_t discard;
+    } cfg[] = {{SP_KV_Q8_0, SP_KV_Q4_0, 0}, {SP_KV_Q4H, SP_KV_Q4H, 1}, {SP_KV_F16, SP_KV_Q4H, 7}};
+    struct sp_model *m = NULL;
+    if (load_model("models/tiny-qwen/tiny-qwen3-f32.gguf", &m) != SP_OK) return;
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        for (int32_t threads = 1; threads <= 2; threads++) {
+            struct sp_session_params p = greedy_params(40, threads);
+            p.kv_type_k = cfg[c].k;
+            p.kv_type_v = cfg[c].v;
+            p.ctx_shift = true;
+            p.n_keep = 4;
+            p.n_discard = cfg[c].discard;
+            p.sampling.temp = 0.8f;
+            struct sp_session *s = new_session(m, &p);
+            if (!s) continue;
+            CHECK(sp_decode(s, prompt_ids, N_PROMPT) == SP_OK);
+            alloc_arm(0, false);
+            int32_t t = -1;
+            sp_status st = SP_OK;
+            for (int i = 0; st == SP_OK && i < 120; i++) {
+                st = sp_sample(s, &t);
+                if (st == SP_OK) st = sp_decode(s, &t, 1);
+            }
+            long calls = atomic_load(&A.n_calls);
+            struct sp_kv_info ki;
+            CHECK(sp_session_kv_info(s, &ki) == SP_OK);
+            CHECKF(st == SP_OK && ki.n_shifts > 0 && sp_session_n_past(s) <= 40, "%s/%s discard %d: %s, %d shifts",
+                   sp_kv_type_name(cfg[c].k), sp_kv_type_name(cfg[c].v), cfg[c].discard, sp_status_str(st),
+                   ki.n_shifts);
+            printf("  token path, %s/%s cache, window 40 (keep 4, discard %d), %d threads: %d shifts, %ld allocator "
+                   "calls over 120 steps\n", sp_kv_type_name(cfg[c].k), sp_kv_type_name(cfg[c].v), cfg[c].discard,
+                   threads, ki.n_shifts, calls);
+            CHECKF(calls == 0, "%ld allocations on the token path with shifts", calls);
+            sp_session_free(s);
+        }
+    }
+    sp_model_free(m);
+}
+
 static void test_leaks(void) {
     long live0 = atomic_load(&A.n_live), bytes0 = atomic_load(&A.live_bytes);
     atomic_store(&A.peak_bytes, bytes0);
@@ -1090,6 +1135,7 @@ int main(void) {
     test_seed();
     test_independent_sessions();
     test_no_alloc_on_token_path();
+    test_no_alloc_quantized_shift();
     test_leaks();
     fault_injection(false);
     fault_injection(true);

@@ -47,6 +47,8 @@ struct sp_model {
      * that asks (seq.c); shared by every sequence of those types */
     struct sp_kv_cache *kv[SP_KV_TYPE_COUNT][SP_KV_TYPE_COUNT];
     pthread_mutex_t kv_mu;
+    uint8_t fingerprint[32];  /* what a saved session must match (api.c); valid when has_fingerprint */
+    bool has_fingerprint;
     struct sp_pager *pager;        /* NULL for vocab-only models */
     struct sp_tokenizer *tok;
     bool vocab_only;

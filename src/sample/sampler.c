@@ -248,9 +248,13 @@ void sp_sampler_free(struct sp_sampler *s) {
 
 /* Reseed the RNG from seed (every seed, 0 included, gives a valid state) and
  * empty the penalty history. */
-void sp_sampler_reset(struct sp_sampler *s, uint64_t seed) {
+void sp_sampler_seed(struct sp_sampler *s, uint64_t seed) {
     uint64_t x = seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+}
+
+void sp_sampler_reset(struct sp_sampler *s, uint64_t seed) {
+    sp_sampler_seed(s, seed);
     s->hist_len = 0;
     s->hist_next = 0;
 }

@@ -16,6 +16,9 @@ sp_status sp_sampler_init(const struct sp_sampling_params *params, uint64_t seed
                           struct sp_sampler **out);
 void sp_sampler_free(struct sp_sampler *s);
 
+/* Reseed the RNG only. */
+void sp_sampler_seed(struct sp_sampler *s, uint64_t seed);
+
 /* Reseed the RNG and clear the history. */
 void sp_sampler_reset(struct sp_sampler *s, uint64_t seed);
 

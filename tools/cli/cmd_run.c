@@ -25,7 +25,7 @@ void help_run(FILE *f) {
             "generated tokens, as they are produced (not the prompt, no added newline);\n"
             "the seed, timings and errors go to stderr.  Generation stops after N tokens,\n"
             "at an end-of-generation token (not printed), or when the context is full\n"
-            "(a message on stderr; exit status 0).  The prompt is preceded by BOS when the\n"
+            "(a message on stderr; exit status 0) unless --context-shift makes room.  The prompt is preceded by BOS when the\n"
             "vocabulary asks for it; an empty prompt is BOS alone.\n"
             "\n"
             "options:\n"
@@ -52,6 +52,14 @@ void help_run(FILE *f) {
             "  -b, --batch N           tokens per forward pass when feeding the prompt,\n"
             "                          1..%d; 0 = the library's default (128)\n"
             CLI_HELP_CACHE_TYPES
+            "      --context-shift     when the context is full, drop the oldest tokens after\n"
+            "                          the first --keep and go on (default: stop there)\n"
+            "      --keep N            tokens at the start a context shift keeps (attention\n"
+            "                          sinks), 0..CTX-1 (default: 0)\n"
+            "      --prompt-cache FILE reuse the part of the prompt FILE holds (a session\n"
+            "                          saved by an earlier run with the same model and cache\n"
+            "                          types), then save the session after the prompt to FILE\n"
+            "      --prompt-cache-ro   use --prompt-cache's file but do not update it\n"
             "      --mem-budget SIZE   keep at most SIZE resident (weights, KV cache, scratch);\n"
             "                          binary units: 7.5G = 7.5 GiB, 512M.  What does not fit\n"
             "                          streams from storage (see 'sparrow plan').  Default:\n"
@@ -88,6 +96,8 @@ int cmd_run(int argc, char **argv) {
     sp.n_ctx = 0;
     sp.n_threads = default_threads();
     uint64_t mem_budget = 0;
+    const char *prompt_cache = NULL;
+    bool prompt_cache_ro = false;
 
     for (a.i = 1; a.i < argc; a.i++) {
         if (opt_is(&a, NULL, "--list-cache-types")) {
@@ -123,6 +133,16 @@ int cmd_run(int argc, char **argv) {
             /* -t, -c, -b, -ctk, -ctv, --kv-type */
         } else if (opt_is(&a, NULL, "--mem-budget")) {
             mem_budget = parse_size(&a, opt_value(&a));
+        } else if (opt_is(&a, NULL, "--context-shift")) {
+            opt_no_value(&a);
+            sp.ctx_shift = true;
+        } else if (opt_is(&a, NULL, "--keep")) {
+            sp.n_keep = (int32_t)parse_int(&a, opt_value(&a), 0, INT32_MAX);
+        } else if (opt_is(&a, NULL, "--prompt-cache")) {
+            prompt_cache = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--prompt-cache-ro")) {
+            opt_no_value(&a);
+            prompt_cache_ro = true;
         } else if (opt_is(&a, NULL, "--tokenizer")) {
             tokenizer = opt_value(&a);
         } else {
@@ -188,13 +208,31 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr, "sparrow: seed %" PRIu64 ", n_ctx %d, threads %d, prompt %d tokens\n", sp.seed, (int)n_ctx,
             (int)sp.n_threads, (int)n_toks);
 
+    /* --prompt-cache: keep the longest prefix of the prompt the file holds
+     * (at least the last prompt token is decoded again, for its logits) */
+    int32_t reuse = 0;
+    if (prompt_cache && access(prompt_cache, F_OK) == 0) {
+        rc = sp_session_load(sess, prompt_cache);
+        if (rc != SP_OK) {
+            fprintf(stderr, "sparrow: run: warning: prompt cache not used: %s\n", sp_last_error());
+        } else {
+            const int32_t held = sp_session_n_past(sess), *ht = sp_session_tokens(sess);
+            while (reuse < held && reuse < n_toks - 1 && ht[reuse] == toks[reuse]) reuse++;
+            sp_session_truncate(sess, reuse);
+            sp_session_set_seed(sess, sp.seed);
+            fprintf(stderr, "sparrow: prompt cache %s: %d of %d prompt tokens reused\n", prompt_cache, (int)reuse,
+                    (int)n_toks);
+        }
+    }
     const double t_p0 = now_s();
-    rc = sp_decode(sess, toks, n_toks);
+    rc = sp_decode(sess, toks + reuse, n_toks - reuse);
     if (rc != SP_OK) {
         ret = lib_error("decoding the prompt", rc);
         goto done;
     }
     const double t_prompt = now_s() - t_p0;
+    if (prompt_cache && !prompt_cache_ro && (rc = sp_session_save(sess, prompt_cache)) != SP_OK)
+        fprintf(stderr, "sparrow: run: warning: cannot save the prompt cache: %s\n", sp_last_error());
 
     enum { STOP_N, STOP_EOG, STOP_CTX } stop = STOP_N;
     long long n_gen = 0, n_dec = 0;
@@ -245,7 +283,7 @@ int cmd_run(int argc, char **argv) {
     fprintf(stderr,
             "sparrow: load %.3f s | prompt %d tokens in %.3f s (%.1f tok/s) | decode %lld tokens in %.3f s "
             "(%.1f tok/s) | generated %lld tokens in %.3f s%s\n",
-            t_load, (int)n_toks, t_prompt, t_prompt > 0 ? n_toks / t_prompt : 0.0, n_dec, t_dec,
+            t_load, (int)(n_toks - reuse), t_prompt, t_prompt > 0 ? (n_toks - reuse) / t_prompt : 0.0, n_dec, t_dec,
             t_dec > 0 ? n_dec / t_dec : 0.0, n_gen, t_gen, stop == STOP_EOG ? " | stopped at end of generation" : "");
     ret = EXIT_OK;
 
