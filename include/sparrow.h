@@ -587,7 +587,8 @@ sp_status sp_synth_size(const char *shape, const char *type, uint64_t *n_params,
 
 /* ---------------------------------------------------------------------------
  * Quantizer (src/quantize/): a model file in, a GGUF with Sparrow's mixed-
- * precision block types out, optionally calibrated on a text and pruned.
+ * precision block types out, optionally calibrated on a text, pruned, and
+ * with its KV heads folded into fewer.
  * docs/QUANT.md describes the policies and the file they write.
  * ------------------------------------------------------------------------- */
 
@@ -638,6 +639,10 @@ struct sp_quantize_params {
     int32_t prune_heads;      /* attention heads dropped per layer, >= 0; with
                                  grouped-query attention a multiple of the group
                                  size (whole KV groups go) */
+    int32_t merge_kv_heads;   /* fold the KV heads (after pruning) into this many
+                                 by mean-pooling the K and V projections of
+                                 contiguous groups of heads; it must divide
+                                 their count; 0 = off */
     int32_t n_threads;        /* 0 = one */
     sp_quantize_tensor_fn on_tensor; /* NULL = no reports */
     sp_quantize_progress_fn on_progress; /* NULL = none */
@@ -655,7 +660,7 @@ struct sp_quantize_result {
     int32_t calib_tokens;     /* tokens the calibration ran (0 = none) */
     int32_t n_scaled;         /* inputs whose channels calibration rescaled */
     int32_t n_gptq;           /* tensors rounded with error feedback */
-    int32_t n_ff, n_heads, n_kv_heads; /* of the output, after pruning */
+    int32_t n_ff, n_heads, n_kv_heads; /* of the output, after pruning and folding */
     double seconds;           /* wall time of the whole call */
 };
 
@@ -663,8 +668,9 @@ struct sp_quantize_result {
  * temporary file renamed into place when complete: on any failure or a
  * cancel nothing is left and an existing file at output is untouched.
  * out (may be NULL) receives the summary.  Returns SP_OK, SP_E_INVALID (bad
- * parameters, unknown policy, pruning the format cannot express, an output
- * that is one of the files read -- by inode -- refused before any work),
+ * parameters, unknown policy, pruning the format cannot express, a
+ * merge_kv_heads that does not divide the KV heads, an output that is one
+ * of the files read -- by inode -- refused before any work),
  * SP_E_FORMAT (a malformed policy file: the message names the line),
  * SP_E_UNSUPPORTED (an input tensor type the quantizer does not read),
  * SP_E_IO, SP_E_NOMEM, SP_E_STATE (cancelled by on_tensor). */

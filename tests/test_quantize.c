@@ -12,6 +12,11 @@
  *  - pruning: the pruned model runs, its parameter count is what the cut
  *    implies, calibrated importance beats weight norms, and pruning that
  *    grouped-query attention cannot express is refused;
+ *  - folding KV heads: 4 into 4 is the identity (logits bit for bit), 4 into
+ *    2 and 1 give the shapes and rows asked for (each pooled row the mean of
+ *    its group's), qwen2's biases and qwen3's head norms are handled, with
+ *    pruning the groups are of the kept heads, channel scaling still keeps
+ *    the function, and a count that does not divide the heads is refused;
  *  - a truncated output is refused by the loader; a failed or cancelled run
  *    leaves no output and no temporary file.
  * The table it prints is what docs/QUANT.md quotes.
@@ -320,7 +325,9 @@ struct qargs {
     const char *in, *tok, *policy, *policy_file, *calib;
     float prune_ffn;
     int prune_heads;
+    int merge_kv_heads;
     int calib_chunks; /* 0: all of the calibration text */
+    unsigned calib_skip;
 };
 
 static sp_status quantize(const struct qargs *a, const char *out, struct sp_quantize_result *res) {
@@ -335,6 +342,8 @@ static sp_status quantize(const struct qargs *a, const char *out, struct sp_quan
     p.calib_chunks = a->calib_chunks ? a->calib_chunks : 64; /* 64: all of the calibration text */
     p.prune_ffn = a->prune_ffn;
     p.prune_heads = a->prune_heads;
+    p.merge_kv_heads = a->merge_kv_heads;
+    p.calib_skip = a->calib_skip;
     p.n_threads = 2;
     p.on_tensor = count_reports;
     p.user = &n_reports;
@@ -645,6 +654,208 @@ static void test_pruning(void) {
     CHECK(quantize(&bad, out, &res) == SP_E_INVALID && !exists(out));
 }
 
+/* ---- folding KV heads ------------------------------------------------------------------ */
+
+/* Tensor name of m as floats (malloc'd; NULL, failing a check, if absent). */
+static float *tensor_floats(struct sp_model *m, const char *name) {
+    const struct sp_tensor_desc *t = sp_model_file_find(m->mf, name);
+    CHECKF(t != NULL, "no tensor '%s'", name);
+    if (!t) return NULL;
+    const int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+    float *w = malloc((size_t)(rows * t->ne[0]) * sizeof(float));
+    if (w && sp_qread_rows(m, t, 0, rows, w) == SP_OK) return w;
+    CHECKF(false, "reading '%s': %s", name, sp_last_error());
+    free(w);
+    return NULL;
+}
+
+/* Largest |folded - mean of its group| over the rows of a folded tensor: out
+ * heads of hd rows (a matrix's rows of `wide` floats, or a bias's elements
+ * with wide 1), out head g the mean of source heads keep[g*f .. g*f+f-1]. */
+static double fold_error(const float *src, const float *folded, int out, int hd, int64_t wide, int f,
+                         const int *keep) {
+    double worst = 0;
+    for (int g = 0; g < out; g++) {
+        for (int d = 0; d < hd; d++) {
+            for (int64_t k = 0; k < wide; k++) {
+                double mean = 0;
+                for (int j = 0; j < f; j++) mean += src[((int64_t)keep[g * f + j] * hd + d) * wide + k];
+                mean /= f;
+                worst = fmax(worst, fabs(folded[((int64_t)g * hd + d) * wide + k] - mean));
+            }
+        }
+    }
+    return worst;
+}
+
+/* Do tensor name of a and b hold the same floats (same count n)? */
+static bool same_tensor(struct sp_model *a, struct sp_model *b, const char *name, int64_t n) {
+    float *x = tensor_floats(a, name), *y = tensor_floats(b, name);
+    const bool same = x && y && memcmp(x, y, (size_t)n * sizeof(float)) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* Check every layer of folded (from src, f32 policy): attn_k and attn_v
+ * rows (and biases if any) pooled from heads keep[] (per layer: out*f
+ * source heads, NULL = 0, 1, 2, ...); with find_drop, the layer's kept
+ * heads are all but one, found by trying each.  Query side unchanged
+ * unless pruned. */
+static void check_pooled(struct sp_model *src, struct sp_model *folded, bool find_drop) {
+    struct sp_model_info si, fi;
+    sp_model_get_info(src, &si);
+    sp_model_get_info(folded, &fi);
+    const int out = fi.n_kv_heads, hd = si.head_dim_k, E = si.n_embd;
+    const int n_src = find_drop ? si.n_kv_heads - 1 : si.n_kv_heads, f = n_src / out;
+    CHECK(si.head_dim_k == si.head_dim_v && fi.head_dim_k == hd);
+    for (int il = 0; il < si.n_layers; il++) {
+        static const char *const kinds[4] = {"attn_k.weight", "attn_v.weight", "attn_k.bias", "attn_v.bias"};
+        int keep[64];
+        double best = INFINITY;
+        for (int drop = find_drop ? 0 : -1; drop < (find_drop ? si.n_kv_heads : 0); drop++) {
+            int n = 0;
+            for (int h = 0; h < si.n_kv_heads; h++) {
+                if (h != drop) keep[n++] = h;
+            }
+            double worst = 0;
+            for (int k = 0; k < 4; k++) {
+                char name[64];
+                snprintf(name, sizeof name, "blk.%d.%s", il, kinds[k]);
+                if (k >= 2 && !sp_model_file_find(src->mf, name)) continue;
+                float *a = tensor_floats(src, name), *b = tensor_floats(folded, name);
+                if (a && b) worst = fmax(worst, fold_error(a, b, out, hd, k < 2 ? E : 1, f, keep));
+                free(a);
+                free(b);
+            }
+            best = fmin(best, worst);
+        }
+        CHECKF(best < 1e-6, "layer %d: folded K/V rows are %.3g from the mean of their group's", il, best);
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_q.weight", il);
+        if (!find_drop) CHECKF(same_tensor(src, folded, name, (int64_t)si.n_heads * hd * E), "%s changed", name);
+        snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", il);
+        if (sp_model_file_find(src->mf, name)) CHECKF(same_tensor(src, folded, name, hd), "%s changed", name);
+    }
+}
+
+/* All next-token logits of model path on the held-out chunks (malloc'd). */
+static float *logits_of(const char *path) {
+    struct sp_model *m = load(path, NULL);
+    float *l = m ? malloc((size_t)EVAL_CHUNKS * EVAL_CTX / 2 * (size_t)ev.n_vocab * sizeof(float)) : NULL;
+    if (l && !chunk_logits(m, ev.toks, ev.n_vocab, l)) {
+        free(l);
+        l = NULL;
+    }
+    sp_model_free(m);
+    return l;
+}
+
+static void test_folding(void) {
+    const size_t n_logits = (size_t)EVAL_CHUNKS * EVAL_CTX / 2 * (size_t)ev.n_vocab;
+    struct sp_quantize_result res;
+    /* 4 into 4: the identity, with F32 and with a quantizing policy */
+    static const char *const policies[2] = {"f32", "mem4"};
+    for (int k = 0; k < 2; k++) {
+        char plain[64], same[64];
+        snprintf(plain, sizeof plain, "fold-%s-none.gguf", policies[k]);
+        snprintf(same, sizeof same, "fold-%s-kv4.gguf", policies[k]);
+        struct qargs a = {.in = f32, .policy = policies[k]};
+        CHECKF(quantize(&a, scratch(plain), &res) == SP_OK, "%s: %s", plain, sp_last_error());
+        a.merge_kv_heads = 4;
+        CHECKF(quantize(&a, scratch(same), &res) == SP_OK && res.n_kv_heads == 4, "%s: %s", same, sp_last_error());
+        float *x = logits_of(scratch(plain)), *y = logits_of(scratch(same));
+        CHECKF(x && y && memcmp(x, y, n_logits * sizeof(float)) == 0, "%s: 4 KV heads into 4 changed the logits",
+               policies[k]);
+        free(x);
+        free(y);
+    }
+    /* 4 into 2 and into 1: shapes, pooled rows, and a different model */
+    struct sp_model *src = load(f32, NULL);
+    for (int g = 2; src && g >= 1; g--) {
+        char name[64];
+        snprintf(name, sizeof name, "fold-kv%d.gguf", g);
+        struct qargs a = {.in = f32, .policy = "f32", .merge_kv_heads = g};
+        struct quality qq;
+        if (!run_variant(&a, name, &res, &qq)) continue;
+        CHECK(res.n_heads == 8 && res.n_kv_heads == g && res.n_ff == 172);
+        CHECKF(qq.kl_mean > 0.1, "%s: KL %.4f from the unfolded model: were the heads pooled?", name, qq.kl_mean);
+        struct sp_model *m = load(scratch(name), NULL);
+        if (!m) continue;
+        struct sp_model_info info;
+        sp_model_get_info(m, &info);
+        const struct sp_tensor_desc *wk = sp_model_file_find(m->mf, "blk.0.attn_k.weight");
+        CHECKF(info.n_kv_heads == g && info.n_heads == 8 && wk && wk->ne[0] == 64 && wk->ne[1] == 8 * g,
+               "%s: kv %d, attn_k %lld x %lld", name, info.n_kv_heads, wk ? (long long)wk->ne[0] : 0,
+               wk ? (long long)wk->ne[1] : 0);
+        CHECK(info.n_params == llama_params(&info) && info.n_params == res.n_params);
+        check_pooled(src, m, false);
+        sp_model_free(m);
+    }
+    /* qwen2: biases pooled too (2 KV heads into 1); qwen3: head norms kept (4 into 2) */
+    static const char *const qwen[2] = {"models/tiny-qwen/tiny-qwen2-f32.gguf", "models/tiny-qwen/tiny-qwen3-f32.gguf"};
+    for (int k = 0; k < 2; k++) {
+        if (!need_fixture(qwen[k])) continue;
+        char in[4096];
+        snprintf(in, sizeof in, "%s", fixture(qwen[k]));
+        struct sp_model *qs = load(in, NULL);
+        struct sp_model_info qi;
+        if (!qs) continue;
+        sp_model_get_info(qs, &qi);
+        const char *out = scratch(k ? "fold-qwen3.gguf" : "fold-qwen2.gguf");
+        struct qargs a = {.in = in, .policy = "f32", .merge_kv_heads = qi.n_kv_heads / 2};
+        CHECKF(quantize(&a, out, &res) == SP_OK, "%s: %s", qwen[k], sp_last_error());
+        struct sp_model *m = load(out, NULL);
+        int32_t gen[GEN_TOKENS];
+        if (m) {
+            check_pooled(qs, m, false);
+            CHECK(generate(m, gen));
+        }
+        sp_model_free(m);
+        sp_model_free(qs);
+    }
+    /* with pruning: one KV group goes, the 3 kept heads fold into 1; 2 does not divide 3 */
+    struct qargs ap = {.in = f32, .policy = "f32", .prune_heads = 2, .merge_kv_heads = 1};
+    const char *pf = scratch("fold-pruned.gguf");
+    CHECKF(quantize(&ap, pf, &res) == SP_OK, "%s", sp_last_error());
+    CHECK(res.n_heads == 6 && res.n_kv_heads == 1);
+    struct sp_model *m = src ? load(pf, NULL) : NULL;
+    if (m) check_pooled(src, m, true);
+    sp_model_free(m);
+    sp_model_free(src);
+    ap.merge_kv_heads = 2;
+    CHECK(quantize(&ap, scratch("fold-bad.gguf"), &res) == SP_E_INVALID);
+    CHECKF(strstr(sp_last_error(), "3 KV heads after pruning") && strstr(sp_last_error(), "one of 1, 3"), "%s",
+           sp_last_error());
+    /* bad counts: refused, nothing written */
+    static const int bad[3] = {3, 8, -1};
+    for (int k = 0; k < 3; k++) {
+        struct qargs a = {.in = f32, .policy = "f32", .merge_kv_heads = bad[k]};
+        CHECK(quantize(&a, scratch("fold-bad.gguf"), &res) == SP_E_INVALID);
+        CHECKF(strstr(sp_last_error(), bad[k] > 0 ? "G must divide 4 (one of 1, 2, 4)" : "negative"), "%d: %s",
+               bad[k], sp_last_error());
+        CHECK(!exists(scratch("fold-bad.gguf")));
+    }
+    /* Calibrated channel scaling still folds exactly: the query heads that
+     * share a pooled KV head share one scale, so with F16 storage the model
+     * is the F32 fold's.  (No covariances: GPTQ does not apply to F16, and
+     * collecting them would take most of this test's time.) */
+    const char *pol = scratch("f16-policy.txt");
+    CHECK(write_file(pol, "* F16\n", 6));
+    struct qargs ac = {.in = f32, .policy_file = pol, .calib = calib, .calib_chunks = 8, .merge_kv_heads = 2,
+                       .calib_skip = SP_CALIB_GPTQ};
+    const char *cf = scratch("fold-kv2-f16-calib.gguf");
+    CHECKF(quantize(&ac, cf, &res) == SP_OK && res.n_scaled > 0, "%s", sp_last_error());
+    float *x = logits_of(scratch("fold-kv2.gguf")), *y = logits_of(cf);
+    if (x && y) {
+        const struct quality q = compare(x, y, ev.n_vocab);
+        CHECKF(q.kl_mean < KL_EXACT, "F16 fold after channel scaling: KL %.2e from the F32 fold", q.kl_mean);
+        printf("fold 4->2, F16 + channel scaling vs F32 fold: KL %.2e\n", q.kl_mean);
+    }
+    free(x);
+    free(y);
+}
+
 /* ---- failures leave nothing behind ------------------------------------------------------ */
 
 static bool cancel_after_3(const struct sp_quantize_tensor_report *r, void *user) {
@@ -761,6 +972,7 @@ int main(void) {
         eval_init(f32)) {
         test_policies();
         test_pruning();
+        test_folding();
         test_atomicity();
     }
     free(text);

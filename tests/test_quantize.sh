@@ -2,7 +2,8 @@
 # test_quantize.sh -- black-box tests of `sparrow quantize`: help, usage
 # errors (exit 2, one line), a malformed policy file refused with its line
 # (exit 1, no output left), a quantized stories260K that runs and says in its
-# metadata what it needs, the llama2.c input with pruning, synthetic F16 and
+# metadata what it needs, the llama2.c input with pruning, KV heads folded
+# (and a count that does not divide them refused), synthetic F16 and
 # Q8_0 inputs (Q4_0 refused), and an existing output left as it was when a
 # run fails.  Numbers (bpw, quality) are checked
 # in test_quantize.c.  Run by tests/run.sh with SPARROW = the binary.
@@ -52,7 +53,7 @@ sp --help
 has "--help" "$tmp/out" "quantize"
 expect "quantize --help" 0 --help
 has "quantize --help" "$tmp/out" "--policy NAME" "--policy-file F" "--calib TEXT_FILE" "--prune-ffn" \
-    "--prune-heads" "mem4" "mem4x" "mem4l" "mem3" "q4" "q8" "--calib-skip"
+    "--prune-heads" "--merge-kv-heads G" "mem4" "mem4x" "mem4l" "mem3" "q4" "q8" "f32" "--calib-skip"
 usage "no arguments"
 usage "no OUT" "$M/stories260K-f32.gguf"
 usage "third argument" "$M/stories260K-f32.gguf" "$out" extra
@@ -62,6 +63,8 @@ usage "policy and policy file" "$M/stories260K-f32.gguf" "$out" --policy q8 --po
 usage "prune-ffn 1" "$M/stories260K-f32.gguf" "$out" --prune-ffn 1
 usage "prune-ffn text" "$M/stories260K-f32.gguf" "$out" --prune-ffn half
 usage "prune-heads negative" "$M/stories260K-f32.gguf" "$out" --prune-heads -1
+usage "merge-kv-heads 0" "$M/stories260K-f32.gguf" "$out" --merge-kv-heads 0
+usage "merge-kv-heads text" "$M/stories260K-f32.gguf" "$out" --merge-kv-heads two
 usage "calib-skip unknown" "$M/stories260K-f32.gguf" "$out" --calib-skip awq
 usage "unknown option" "$M/stories260K-f32.gguf" "$out" --bits 4
 none_left "usage errors" "$out"
@@ -74,6 +77,9 @@ none_left "malformed policy file" "$out"
 expect "prune-heads 3 under GQA" 1 "$M/stories260K-f32.gguf" "$out" --prune-heads 3
 has "prune-heads 3 under GQA" "$tmp/err" "cannot be expressed" "multiple of 2"
 none_left "prune-heads 3" "$out"
+expect "merge-kv-heads 3 of 4" 1 "$M/stories260K-f32.gguf" "$out" --merge-kv-heads 3
+has "merge-kv-heads 3 of 4" "$tmp/err" "--merge-kv-heads 3: the model has 4 KV heads" "G must divide 4 (one of 1, 2, 4)"
+none_left "merge-kv-heads 3" "$out"
 printf 'keep' >"$out"
 expect "missing input" 1 "$tmp/no-such.gguf" "$out"
 if [ "$(cat "$out")" = keep ]; then ok "missing input: existing OUT untouched"; else bad "missing input: OUT changed"; fi
@@ -106,6 +112,15 @@ expect "calibrated progress" 0 "$M/stories260K-f32.gguf" "$out" --calib "$tmp/ca
 has "calibrated progress" "$tmp/err" "calibrating: 4 of 4 chunks of the text" "scaling: 6 of 6 layers"
 if [ "$(grep -n 'calibrating: 4 of 4' "$tmp/err" | cut -d: -f1)" -lt "$(grep -n '^\[  1/' "$tmp/err" | cut -d: -f1)" ]; then
     ok "calibrated progress: before the first tensor"; else bad "calibrated progress: order" "$(show_err)"; fi
+
+# ---- KV heads folded: 4 into 2, F32 kept -------------------------------------------------------
+expect "merge-kv-heads 2" 0 "$M/stories260K-f32.gguf" "$out" --policy f32 --merge-kv-heads 2 -q
+has "merge-kv-heads 2" "$tmp/out" "policy        f32" "bpw           32.000" "heads         8 (kv 2)" "native_types  no"
+sp run -m "$out" -p "Once upon a time" -n 8 --temp 0
+if [ "$rc" -eq 0 ] && [ -s "$tmp/out" ]; then ok "folded: runs"; else bad "folded: does not run" "$(show_err)"; fi
+sp inspect "$out"
+has "folded metadata" "$tmp/out" "llama.attention.head_count              8" "llama.attention.head_count_kv           2" \
+    "sparrow.fold.source_kv_heads            4" "blk.0.attn_k.weight       F32   64 x 16"
 
 # ---- other inputs: a synthetic F16 / Q8_0 file; quantized files are refused --------------------
 for t in f16 q8_0 q4_0; do

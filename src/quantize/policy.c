@@ -94,6 +94,10 @@ static const struct named_policy named[] = {
      "# q8: 8-bit weights everywhere\n"
      "*ffn_gate_inp*       F32\n"
      "*                    i8_b32\n"},
+    {"f32", "32 bpw: nothing rounded, norms too (pruning or folding alone)",
+     "# f32: every tensor as F32, so that only a cut or a fold changes the model\n"
+     "*norm*               F32\n"
+     "*                    F32\n"},
 };
 
 int32_t sp_quantize_n_policies(void) {

@@ -4,10 +4,11 @@
  *   load the input (GGUF F32/F16/BF16/Q8_0 or llama2.c) through the model
  *   loader, weights memory-mapped -> policy (policy.c) -> optional
  *   calibration on a text (calib.c) -> optional pruning plan (prune.c) ->
- *   per tensor: type, output shape -> channel scaling (scale.c) ->
- *   importance -> GGUF writer: metadata and directory, then tensor data
- *   streamed in slabs of rows (dequantize through the pager, cut, scale,
- *   quantize on the thread pool -- with error feedback, gptq.c, where the
+ *   optional KV head folding (fold.c) -> per tensor: type, output shape ->
+ *   channel scaling (scale.c) -> importance -> GGUF writer: metadata and
+ *   directory, then tensor data streamed in slabs of rows (dequantize
+ *   through the pager, cut, scale, pool folded heads, quantize on the
+ *   thread pool -- with error feedback, gptq.c, where the
  *   input covariance is known -- and measure the error) -> rename into place
  *   -> reopen the output and measure bits per weight.
  *
@@ -40,7 +41,7 @@
 
 struct sp_quantize_params sp_quantize_default_params(void) {
     return (struct sp_quantize_params){.policy = NULL, .calib_chunks = 0, .calib_ctx = 0, .prune_ffn = 0.0f,
-                                       .prune_heads = 0, .n_threads = 0};
+                                       .prune_heads = 0, .merge_kv_heads = 0, .n_threads = 0};
 }
 
 static double now_s(void) {
@@ -83,6 +84,7 @@ struct qtensor {
     int64_t rows;           /* ne[1] * ne[2] * ne[3] */
     size_t row_bytes;       /* of one output row */
     struct sp_prune_cut cut;
+    struct sp_fold_cut fold; /* after the cut: heads pooled into one */
     float *imp;             /* (ne[0]) importance after the cut, or NULL */
     char note[256];
 };
@@ -93,6 +95,7 @@ struct job {
     struct sp_qpolicy *policy;
     struct sp_calib *calib;
     struct sp_prune_plan *prune;
+    struct sp_fold_plan fold;
     struct sp_scale_plan *scale;
     struct qtensor *q;      /* (n) */
     uint32_t n;
@@ -159,6 +162,12 @@ static sp_status plan_tensors(struct job *J) {
         sp_prune_cut_of(J->prune, J->m, t, &q->cut);
         if (q->cut.rows) q->ne[1] = q->cut.n_rows;
         if (q->cut.cols) q->ne[0] = q->cut.n_cols;
+        sp_fold_cut_of(&J->fold, J->m, t, &q->fold);
+        if (q->fold.factor) {
+            int64_t *ne = &q->ne[q->fold.rows ? 1 : 0];
+            SP_ASSERT(*ne % ((int64_t)q->fold.factor * q->fold.head_dim) == 0);
+            *ne /= q->fold.factor;
+        }
         q->rows = q->ne[1] * q->ne[2] * q->ne[3];
         if ((rc = choose_type(J, q))) break;
         q->row_bytes = sp_qtype_row_bytes(q->type, q->ne[0]);
@@ -216,7 +225,7 @@ static sp_status plan_importance(struct job *J) {
 static bool own_key(const char *k) {
     return !strcmp(k, "general.alignment") || !strcmp(k, "general.file_type") ||
            !strcmp(k, "general.quantization_version") || !strcmp(k, "sparrow.requires") ||
-           !strncmp(k, "sparrow.quant.", 14) || !strncmp(k, "sparrow.prune.", 14);
+           !strncmp(k, "sparrow.quant.", 14) || !strncmp(k, "sparrow.prune.", 14) || !strncmp(k, "sparrow.fold.", 13);
 }
 
 static const char *base_name(const char *path) {
@@ -305,6 +314,7 @@ static sp_status write_meta(struct sp_gguf_writer *w, const struct job *J) {
         TRY(sp_gguf_writer_set_u32(w, K("attention.key_length"), hp->head_dim_k));
         TRY(sp_gguf_writer_set_u32(w, K("attention.value_length"), hp->head_dim_v));
     }
+    if (J->fold.factor) TRY(sp_gguf_writer_set_u32(w, K("attention.head_count_kv"), J->fold.n_kv_out));
 #undef K
     if (J->native) TRY(sp_gguf_writer_set_str(w, "sparrow.requires", J->native_l8 ? "native-types-2" : "native-types-1"));
     if (J->ggml_quant) TRY(sp_gguf_writer_set_u32(w, "general.quantization_version", 2));
@@ -317,6 +327,7 @@ static sp_status write_meta(struct sp_gguf_writer *w, const struct job *J) {
     }
     if (J->prune && J->prune->ffn) TRY(sp_gguf_writer_set_f32(w, "sparrow.prune.ffn", J->P->prune_ffn));
     if (J->prune && J->prune->heads) TRY(sp_gguf_writer_set_u32(w, "sparrow.prune.heads", (uint32_t)J->P->prune_heads));
+    if (J->fold.factor) TRY(sp_gguf_writer_set_u32(w, "sparrow.fold.source_kv_heads", J->fold.n_kv_in));
 #undef TRY
     return SP_OK;
 }
@@ -402,29 +413,44 @@ static void slab_task(void *arg, int ith, int nth) {
     acc->rc = rc;
 }
 
-/* Source rows [r0, r0 + n) of the output tensor (after the cut, with the
- * scaling's multipliers) into dst. */
-static sp_status gather_rows(const struct job *J, uint32_t i, int64_t r0, int64_t n, float *dst, float *row) {
+/* Rows [r0, r0 + n) of the output tensor into dst: the source rows after
+ * the cut, with the scaling's multipliers, and where heads fold, the mean
+ * of the rows (or elements) pooled into each (summed in double in source
+ * order, then divided: a fold of one head gives the row itself, bit for
+ * bit).  row: a source row of scratch; sum: ne[0] doubles. */
+static sp_status gather_rows(const struct job *J, uint32_t i, int64_t r0, int64_t n, float *dst, float *row,
+                             double *sum) {
     const struct qtensor *q = &J->q[i];
     const struct sp_tensor_desc *t = q->src;
     const float *cm = col_mul(J, i), *rm = row_mul(J, i);
-    if (!q->cut.rows && !q->cut.cols && !cm && !rm) return sp_qread_rows(J->m, t, r0, n, dst);
+    const struct sp_fold_cut *F = &q->fold;
+    if (!q->cut.rows && !q->cut.cols && !cm && !rm && !F->factor) return sp_qread_rows(J->m, t, r0, n, dst);
+    const uint32_t n_fr = F->factor && F->rows ? F->factor : 1, n_fc = F->factor && !F->rows ? F->factor : 1;
     for (int64_t r = 0; r < n; r++) {
-        const int64_t sr = q->cut.rows ? q->cut.rows[r0 + r] : r0 + r;
-        sp_status rc = sp_qread_rows(J->m, t, sr, 1, row);
-        if (rc) return rc;
-        const float f = rm ? rm[sr] : 1.0f;
-        float *o = dst + (size_t)(r * q->ne[0]);
-        for (int64_t k = 0; k < q->ne[0]; k++) {
-            const uint32_t c = q->cut.cols ? q->cut.cols[k] : (uint32_t)k;
-            o[k] = row[c] * f * (cm ? cm[c] : 1.0f);
+        for (uint32_t jr = 0; jr < n_fr; jr++) {
+            const int64_t cr = F->factor && F->rows ? sp_fold_source(F, r0 + r, jr) : r0 + r;
+            const int64_t sr = q->cut.rows ? q->cut.rows[cr] : cr;
+            sp_status rc = sp_qread_rows(J->m, t, sr, 1, row);
+            if (rc) return rc;
+            const float f = rm ? rm[sr] : 1.0f;
+            for (int64_t k = 0; k < q->ne[0]; k++) {
+                for (uint32_t jc = 0; jc < n_fc; jc++) {
+                    const int64_t cc = n_fc > 1 ? sp_fold_source(F, k, jc) : k;
+                    const uint32_t c = q->cut.cols ? q->cut.cols[cc] : (uint32_t)cc;
+                    const double v = row[c] * f * (cm ? cm[c] : 1.0f);
+                    sum[k] = jr == 0 && jc == 0 ? v : sum[k] + v; /* not 0 + v: keeps -0 */
+                }
+            }
         }
+        float *o = dst + (size_t)(r * q->ne[0]);
+        for (int64_t k = 0; k < q->ne[0]; k++) o[k] = (float)(sum[k] / (double)(n_fr * n_fc));
     }
     return SP_OK;
 }
 
 struct buffers {
     float *src, *row;
+    double *sum;
     uint8_t *dst;
     float **deq;
     struct err_acc *acc;
@@ -434,6 +460,7 @@ struct buffers {
 static void buffers_free(struct buffers *b) {
     sp_free(b->src);
     sp_free(b->row);
+    sp_free(b->sum);
     sp_free(b->dst);
     for (int i = 0; b->deq && i < b->nth; i++) sp_free(b->deq[i]);
     sp_free(b->deq);
@@ -441,7 +468,7 @@ static void buffers_free(struct buffers *b) {
 }
 
 /* Buffers for the widest tensor: one slab of floats and its quantized bytes,
- * a source row, and a padded row per thread. */
+ * a source row and its sums (gather_rows), and a padded row per thread. */
 static sp_status buffers_alloc(const struct job *J, int nth, struct buffers *b) {
     int64_t max_src = 1, max_pad = 1;
     size_t max_slab = 1, max_dst = 1;
@@ -458,10 +485,11 @@ static sp_status buffers_alloc(const struct job *J, int nth, struct buffers *b) 
     b->nth = nth;
     b->src = sp_malloc(max_slab * sizeof(float));
     b->row = sp_malloc((size_t)max_src * sizeof(float));
+    b->sum = sp_malloc((size_t)max_src * sizeof(double));
     b->dst = sp_malloc(max_dst);
     b->deq = sp_calloc((size_t)nth, sizeof(*b->deq));
     b->acc = sp_calloc((size_t)nth, sizeof(*b->acc));
-    if (!b->src || !b->row || !b->dst || !b->deq || !b->acc) goto nomem;
+    if (!b->src || !b->row || !b->sum || !b->dst || !b->deq || !b->acc) goto nomem;
     for (int i = 0; i < nth; i++) {
         if (!(b->deq[i] = sp_malloc((size_t)max_pad * sizeof(float)))) goto nomem;
     }
@@ -492,7 +520,8 @@ static sp_status tensor_gptq(const struct job *J, uint32_t i, struct sp_gptq **o
  * head, when calibration collected them)? */
 static bool has_row_hessians(const struct job *J, uint32_t i) {
     const struct qtensor *q = &J->q[i];
-    return sp_calib_rowcov(J->calib, i) && sp_calib_cov(J->calib, i) && sp_qtype_is_native(q->type) && q->n_dims == 2;
+    return sp_calib_rowcov(J->calib, i) && sp_calib_cov(J->calib, i) && sp_qtype_is_native(q->type) && q->n_dims == 2 &&
+           !q->fold.factor; /* row Hessians are per source row */
 }
 
 /* The error-feedback factor of output row r of tensor i: its row Hessian
@@ -526,7 +555,7 @@ static sp_status write_tensor(struct job *J, uint32_t i, struct sp_gguf_writer *
     sp_status rc = rows ? SP_OK : tensor_gptq(J, i, &g);
     for (int64_t r0 = 0; !rc && r0 < q->rows; r0 += per) {
         const int64_t nr = SP_MIN(per, q->rows - r0);
-        if ((rc = gather_rows(J, i, r0, nr, b->src, b->row))) break;
+        if ((rc = gather_rows(J, i, r0, nr, b->src, b->row, b->sum))) break;
         struct slab s = {.q = q, .gptq = g, .J = J, .ti = i, .rows = rows, .row0 = r0, .src = b->src, .dst = b->dst, .n_rows = nr,
                          .deq = b->deq, .acc = b->acc};
         sp_pool_run(pool, slab_task, &s);
@@ -593,6 +622,9 @@ static sp_status check_params(const struct sp_quantize_params *P) {
         return sp_err(SP_E_INVALID, "sp_quantize: prune_ffn %g is not in [0, 1)", (double)P->prune_ffn);
     }
     if (P->prune_heads < 0) return sp_err(SP_E_INVALID, "sp_quantize: prune_heads %d is negative", (int)P->prune_heads);
+    if (P->merge_kv_heads < 0) {
+        return sp_err(SP_E_INVALID, "sp_quantize: merge_kv_heads %d is negative", (int)P->merge_kv_heads);
+    }
     /* Writing over a file the run reads would replace it (the rename) with
      * what was computed from it -- or, for the model, leave a mapping of a
      * file that is gone.  By inode: hard and symbolic links are the file. */
@@ -666,6 +698,7 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
         (rc = sp_prune_plan_build(J.m, J.calib, P->prune_ffn, P->prune_heads, &J.prune))) {
         goto done;
     }
+    if ((rc = sp_fold_plan_make(J.m, J.prune, P->merge_kv_heads, &J.fold))) goto done;
     if ((rc = plan_tensors(&J))) goto done;
     if (J.calib && !(P->calib_skip & SP_CALIB_SCALE)) {
         uint32_t *types = sp_malloc(J.n * sizeof(uint32_t));
@@ -674,7 +707,7 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
             goto done;
         }
         for (uint32_t i = 0; i < J.n; i++) types[i] = J.q[i].type;
-        rc = sp_scale_plan_build(J.m, J.calib, types, P, &J.scale);
+        rc = sp_scale_plan_build(J.m, J.calib, types, J.prune, &J.fold, P, &J.scale);
         if (!rc) rc = sp_quantize_progress(P, "scaling", (int32_t)J.m->mf->hp.n_layers + 1, (int32_t)J.m->mf->hp.n_layers + 1);
         sp_free(types);
         if (rc) goto done;

@@ -4,11 +4,13 @@
  *   policy.c   tensor name -> element type: named policies and policy files
  *   calib.c    activation statistics from running the model on a text
  *   prune.c    which FFN neurons and attention heads to keep, per layer
+ *   fold.c     which KV heads are mean-pooled into one (--merge-kv-heads)
  *   scale.c    activation-aware channel scaling, folded into the model
  *   gptq.c     rounding with error feedback over the input covariance
  *   quantize.c the driver: reads the input through the pager, cuts, scales,
  *              quantizes and streams the GGUF writer (format/gguf.h).
- * docs/QUANT.md describes policies, calibration, pruning and the output file.
+ * docs/QUANT.md describes policies, calibration, pruning, folding and the
+ * output file.
  */
 #ifndef SP_QUANTIZE_H
 #define SP_QUANTIZE_H
@@ -167,6 +169,47 @@ struct sp_prune_cut {
 void sp_prune_cut_of(const struct sp_prune_plan *p, const struct sp_model *m, const struct sp_tensor_desc *t,
                      struct sp_prune_cut *out);
 
+/* ---- folding KV heads (fold.c) --------------------------------------------
+ * The KV heads that remain after pruning (all of them without) become G
+ * heads: head g's K and V projections (rows of attn_k / attn_v, elements of
+ * their biases) are the mean of those of heads g*f .. g*f + f - 1, f = the
+ * heads before / G.  Query heads keep their order, so query head h, which
+ * read KV head h / (n_heads / n_kv), reads the pooled head of that head's
+ * group: h / (n_heads / G).  Per-head norms (attn_k_norm) are shared by all
+ * heads and stay as they are. */
+
+struct sp_fold_plan {
+    uint32_t n_kv_in;   /* KV heads before folding (after pruning) */
+    uint32_t n_kv_out;  /* G */
+    uint32_t factor;    /* n_kv_in / n_kv_out heads pooled into each; 0 = no folding */
+};
+
+/* The plan for n_groups (0: none, *out zeroed) over m after pruning p (or
+ * NULL).  SP_E_INVALID, saying which counts would do, when n_groups is
+ * negative, larger than the KV heads or does not divide them. */
+sp_status sp_fold_plan_make(const struct sp_model *m, const struct sp_prune_plan *p, int32_t n_groups,
+                            struct sp_fold_plan *out);
+
+/* How tensor t is folded: its rows (attn_k, attn_v) or its elements (their
+ * biases) are heads of head_dim; factor of them (in the numbering after the
+ * pruning cut) are pooled into each output head.  factor 0: not folded. */
+struct sp_fold_cut {
+    uint32_t factor;
+    bool rows;
+    int64_t head_dim;
+};
+void sp_fold_cut_of(const struct sp_fold_plan *f, const struct sp_model *m, const struct sp_tensor_desc *t,
+                    struct sp_fold_cut *out);
+
+/* Index (after the pruning cut) of the j-th (j < factor) of the rows or
+ * elements pooled into output row or element o of a folded tensor. */
+int64_t sp_fold_source(const struct sp_fold_cut *c, int64_t o, uint32_t j);
+
+/* The output KV head that source KV head kh of layer il feeds after pruning
+ * p (or NULL) and folding f (or NULL: none), or -1 when pruning drops it. */
+int32_t sp_fold_kv_head(const struct sp_fold_plan *f, const struct sp_prune_plan *p, const struct sp_model *m,
+                        uint32_t il, uint32_t kh);
+
 /* ---- calibrated rounding with error feedback (gptq.c) ----------------------
  * For tensors whose input covariance H = sum x x^T calibration collected:
  * each row is quantized channel by channel and the rounding error is pushed
@@ -224,8 +267,12 @@ struct sp_scale_plan {
 /* Choose the scalings from calibration c for the planned tensor types
  * (types[i] for tensor i of m's file).  Groups without statistics, with no
  * quantized tensor, or whose best exponent is 0 stay unscaled.  MoE models
- * get an empty plan.  SP_E_NOMEM, SP_E_IO. */
+ * get an empty plan.  attn_v's rows take the scale of the query heads that
+ * read them, so the query heads that share an output KV head after pruning
+ * p and folding f (either may be NULL) share one scale, and the V rows that
+ * are pooled into one head carry the same multipliers.  SP_E_NOMEM, SP_E_IO. */
 sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, const uint32_t *types,
+                              const struct sp_prune_plan *p, const struct sp_fold_plan *f,
                               const struct sp_quantize_params *progress, struct sp_scale_plan **out);
 void sp_scale_plan_free(struct sp_scale_plan *p);
 

@@ -13,7 +13,9 @@
  *   ffn_gate/up <- ffn_norm
  *   ffn_down    <- ffn_up's rows    (x = silu(gate) * up: linear in up)
  *   attn_output <- attn_v's rows    (x = softmax weights * V: linear in V;
- *                                    the query heads of a KV group share one s)
+ *                                    the query heads of a KV group share one s,
+ *                                    and so do those whose KV heads fold into
+ *                                    one, fold.c: pooled V rows keep one s)
  *   output      <- output_norm      (only when not tied to the embedding)
  * s_c = stat_c^(alpha/2), stat E[x_c^2] or the largest sampled x_c^2,
  * normalised to a geometric mean of 1; alpha is chosen per layer and input
@@ -70,8 +72,8 @@ struct group {
     const float *imp;     /* (n) E[x^2] */
     const double *h;      /* (n, n) covariance sums, or NULL */
     double h_scale;       /* 1 / tokens, to turn sums into means */
-    int64_t rep;          /* channels c and c + k * period share s (attn_output's heads) */
-    int64_t period;
+    const int32_t *cls;   /* (n / period) attn_output's heads: channel j of the heads */
+    int64_t period;       /* of one class shares s; period 0 = no sharing */
     const float *x;       /* (n_x, n) sampled input rows, or NULL */
     int32_t n_x;
 };
@@ -85,9 +87,11 @@ static void scales_for(const struct group *g, double alpha, const float *stat, f
     for (int64_t c = 0; c < g->n; c++) {
         double e;
         if (g->period) {
-            const int64_t base = c % g->period + (c / (g->period * g->rep)) * g->period * g->rep;
+            const int64_t h = c / g->period, j = c % g->period;
             e = 0;
-            for (int64_t r = 0; r < g->rep; r++) e = SP_MAX(e, (double)stat[base + r * g->period]);
+            for (int64_t k = 0; k < g->n / g->period; k++) {
+                if (g->cls[k] == g->cls[h]) e = SP_MAX(e, (double)stat[k * g->period + j]);
+            }
         } else {
             e = stat[c];
         }
@@ -288,6 +292,7 @@ static bool quantized(uint32_t t) {
 }
 
 sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, const uint32_t *types,
+                              const struct sp_prune_plan *pp, const struct sp_fold_plan *f,
                               const struct sp_quantize_params *progress, struct sp_scale_plan **out) {
     *out = NULL;
     const struct sp_model_file *mf = m->mf;
@@ -295,6 +300,7 @@ sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, cons
     if (hp->n_experts > 0) return SP_OK; /* expert FFNs: not scaled */
     struct sp_scale_plan *p = sp_calloc(1, sizeof(*p));
     float *imp = NULL, *s = NULL;
+    int32_t *cls = NULL;
     sp_status rc = SP_OK;
     if (!p || !(p->col = sp_calloc(mf->n_tensors, sizeof(float *))) ||
         !(p->row = sp_calloc(mf->n_tensors, sizeof(float *)))) {
@@ -306,11 +312,13 @@ sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, cons
     widest = SP_MAX(widest, (int64_t)hp->n_heads * hp->head_dim_v);
     imp = sp_malloc((size_t)widest * sizeof(float));
     s = sp_malloc((size_t)widest * sizeof(float));
-    if (!imp || !s) {
+    cls = sp_malloc(hp->n_heads * sizeof(int32_t));
+    if (!imp || !s || !cls) {
         rc = sp_err(SP_E_NOMEM, "sp_scale_plan_build: out of memory");
         goto done;
     }
     const bool tied = m->output == m->tok_embd;
+    const uint32_t rep = hp->n_heads / hp->n_kv_heads;
     for (uint32_t il = 0; il <= hp->n_layers && !rc; il++) {
         if (il && (rc = sp_quantize_progress(progress, "scaling", (int32_t)il, (int32_t)hp->n_layers + 1))) break;
         const struct sp_layer_weights *L = il < hp->n_layers ? &m->layers[il] : NULL;
@@ -334,8 +342,15 @@ sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, cons
             } else {
                 g.w[g.n_w++] = L->wo;
                 fold = L->wv, fold_rows = true;
-                g.rep = hp->n_heads / hp->n_kv_heads;
                 g.period = hp->head_dim_v;
+                /* a query head's class: the KV head it reads in the output
+                 * (pruned: its own source KV head, apart from all others) */
+                for (uint32_t h = 0; h < hp->n_heads; h++) {
+                    const uint32_t kh = h / rep;
+                    const int32_t o = sp_fold_kv_head(f, pp, m, il, kh);
+                    cls[h] = o >= 0 ? o : -1 - (int32_t)kh;
+                }
+                g.cls = cls;
             }
             bool any = false;
             for (int k = 0; k < g.n_w; k++) {
@@ -359,7 +374,7 @@ sp_status sp_scale_plan_build(struct sp_model *m, const struct sp_calib *c, cons
                 if (!rm) goto nomem;
                 for (int64_t r = 0; r < fold->ne[1]; r++) {
                     const int64_t kh = r / g.period, j = r % g.period;
-                    rm[r] /= s[kh * g.rep * g.period + j];
+                    rm[r] /= s[kh * rep * g.period + j];
                 }
             } else {
                 float *fm = mul_of(p, m, fold, fold_rows);
@@ -374,6 +389,7 @@ nomem:
 done:
     sp_free(imp);
     sp_free(s);
+    sp_free(cls);
     if (rc) {
         sp_scale_plan_free(p);
         return rc;

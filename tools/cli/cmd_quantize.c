@@ -21,7 +21,8 @@
 
 void help_quantize(FILE *f) {
     fprintf(f, "usage: sparrow quantize IN OUT [--policy NAME | --policy-file F] [--calib TEXT_FILE]\n"
-               "                       [--prune-ffn FRACTION] [--prune-heads N] [OPTIONS]\n"
+               "                       [--prune-ffn FRACTION] [--prune-heads N] [--merge-kv-heads G]\n"
+               "                       [OPTIONS]\n"
                "\n"
                "Write OUT, a GGUF with Sparrow's mixed-precision block types, from IN: a GGUF\n"
                "whose tensors are F32, F16, BF16 or Q8_0, or a llama2.c checkpoint.  OUT\n"
@@ -56,6 +57,12 @@ void help_quantize(FILE *f) {
                "      --prune-heads N     drop N attention heads per layer; with grouped-query\n"
                "                          attention whole KV groups go, so N must be a multiple\n"
                "                          of the group size (default: 0)\n"
+               "      --merge-kv-heads G  fold the KV heads (those left after pruning) into G:\n"
+               "                          each of G contiguous groups of heads becomes one\n"
+               "                          whose K and V projections are the mean of the\n"
+               "                          group's; G must divide the KV heads; shrinks the KV\n"
+               "                          cache by their count / G (no retraining: the model\n"
+               "                          changes; --policy f32 measures the fold alone)\n"
                "      --tokenizer FILE    llama2.c input: its tokenizer (default: tokenizer.bin\n"
                "                          beside it); a GGUF input has its own: refused\n"
                "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
@@ -158,6 +165,8 @@ int cmd_quantize(int argc, char **argv) {
             p.prune_ffn = (float)v;
         } else if (opt_is(&a, NULL, "--prune-heads")) {
             p.prune_heads = (int32_t)parse_int(&a, opt_value(&a), 0, 1 << 20);
+        } else if (opt_is(&a, NULL, "--merge-kv-heads")) {
+            p.merge_kv_heads = (int32_t)parse_int(&a, opt_value(&a), 1, 1 << 20);
         } else if (opt_is(&a, NULL, "--tokenizer")) {
             p.tokenizer_path = opt_value(&a);
         } else if (opt_is(&a, "-t", "--threads")) {
