@@ -30,7 +30,7 @@ ISA_DIR := none
 endif
 
 LIB_SRC := $(wildcard src/*.c src/core/*.c src/format/*.c src/quant/*.c src/mem/*.c src/model/*.c \
-             src/kv/*.c src/sample/*.c src/tokenizer/*.c src/sched/*.c src/eval/*.c src/quantize/*.c) $(wildcard src/quant/$(ISA_DIR)/*.c)
+             src/kv/*.c src/sample/*.c src/tokenizer/*.c src/sched/*.c src/eval/*.c src/quantize/*.c src/chat/*.c) $(wildcard src/quant/$(ISA_DIR)/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB     := $(BUILD)/libsparrow.a
 CLI     := $(BUILD)/sparrow

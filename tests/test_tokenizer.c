@@ -71,10 +71,10 @@ static struct sp_tokenizer *make_tok(const struct sp_vocab_data *v) {
 /* Encode into a malloc'd array (size query first). */
 static int32_t *encode(const struct sp_tokenizer *t, const char *s, size_t len, bool bos, int32_t *n) {
     int32_t need = -1;
-    sp_status rc = sp_tokenizer_encode(t, s, len, bos, NULL, 0, &need);
+    sp_status rc = sp_tokenizer_encode(t, s, len, bos, false, NULL, 0, &need);
     CHECKF(rc == SP_OK || rc == SP_E_BUFFER, "encode size: %d %s", rc, sp_last_error());
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(need > 0 ? need : 1));
-    rc = sp_tokenizer_encode(t, s, len, bos, ids, need, n);
+    rc = sp_tokenizer_encode(t, s, len, bos, false, ids, need, n);
     CHECKF(rc == SP_OK && *n == need, "encode: %d %s", rc, sp_last_error());
     return ids;
 }
@@ -296,13 +296,13 @@ static void test_spm_details(void) {
     if (!t) goto done;
     int32_t ids[16], n = -1;
     /* empty text: nothing, or just BOS */
-    CHECK(sp_tokenizer_encode(t, "", 0, false, ids, 16, &n) == SP_OK && n == 0);
-    CHECK(sp_tokenizer_encode(t, "", 0, true, ids, 16, &n) == SP_OK && n == 1 && ids[0] == 1);
-    CHECK(sp_tokenizer_encode(t, NULL, 0, true, ids, 16, &n) == SP_OK && n == 1);
+    CHECK(sp_tokenizer_encode(t, "", 0, false, false, ids, 16, &n) == SP_OK && n == 0);
+    CHECK(sp_tokenizer_encode(t, "", 0, true, false, ids, 16, &n) == SP_OK && n == 1 && ids[0] == 1);
+    CHECK(sp_tokenizer_encode(t, NULL, 0, true, false, ids, 16, &n) == SP_OK && n == 1);
     /* buffer too small: the count needed comes back */
     n = -1;
-    CHECK(sp_tokenizer_encode(t, "Hello world", 11, true, ids, 1, &n) == SP_E_BUFFER && n == 3);
-    CHECK(sp_tokenizer_encode(t, "Hello world", 11, true, ids, 3, &n) == SP_OK && n == 3);
+    CHECK(sp_tokenizer_encode(t, "Hello world", 11, true, false, ids, 1, &n) == SP_E_BUFFER && n == 3);
+    CHECK(sp_tokenizer_encode(t, "Hello world", 11, true, false, ids, 3, &n) == SP_OK && n == 3);
     CHECK(ids[0] == 1 && ids[1] == 15043 && ids[2] == 3186);
     /* pieces: byte token, control token, space marker */
     char buf[32];
@@ -712,9 +712,9 @@ static void test_user_defined(void) {
     if (!t) return;
     int32_t ids[16], n = 0;
     /* "ab<think>ab": the control token text "<|end|>" is not parsed */
-    CHECK(sp_tokenizer_encode(t, "ab<think>ab", 11, true, ids, 16, &n) == SP_OK);
+    CHECK(sp_tokenizer_encode(t, "ab<think>ab", 11, true, false, ids, 16, &n) == SP_OK);
     CHECK(n == 3 && ids[0] == 10 && ids[1] == 9 && ids[2] == 10);
-    CHECK(sp_tokenizer_encode(t, "<|end|>", 7, false, ids, 16, &n) == SP_OK && n > 0 && ids[0] == 2);
+    CHECK(sp_tokenizer_encode(t, "<|end|>", 7, false, false, ids, 16, &n) == SP_OK && n > 0 && ids[0] == 2);
     for (int32_t i = 0; i < n; i++) CHECK(ids[i] != 12);
     char buf[16];
     size_t pl = 0;
@@ -740,7 +740,7 @@ static void *thread_main(void *p) {
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)a->n_want);
     for (int r = 0; r < 20; r++) {
         int32_t n = 0;
-        sp_status rc = sp_tokenizer_encode(a->t, a->text, strlen(a->text), false, ids, a->n_want, &n);
+        sp_status rc = sp_tokenizer_encode(a->t, a->text, strlen(a->text), false, false, ids, a->n_want, &n);
         if (rc != SP_OK || n != a->n_want || memcmp(ids, a->want, sizeof(int32_t) * (size_t)n) != 0) a->bad++;
     }
     free(ids);
@@ -809,7 +809,7 @@ static void test_oom(const char *rel) {
         sp_status rc = sp_tokenizer_init(&mf->vocab, &t);
         if (rc == SP_OK) {
             int32_t ids[256], n = 0;
-            rc = sp_tokenizer_encode(t, text, strlen(text), true, ids, 256, &n);
+            rc = sp_tokenizer_encode(t, text, strlen(text), true, false, ids, 256, &n);
             if (rc == SP_OK && (n != n0 || memcmp(ids, want, sizeof(int32_t) * (size_t)n) != 0)) {
                 other++;
                 fprintf(stderr, "  fail_after %d: different ids\n", k);
