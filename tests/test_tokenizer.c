@@ -725,6 +725,56 @@ static void test_user_defined(void) {
     sp_tokenizer_free(t);
 }
 
+/* ---- special tokens parsed (a rendered chat template) ---------------------------- */
+
+/* Concatenate id arrays: the expected encoding of text around special tokens. */
+static int32_t cat(int32_t *dst, int32_t n, const int32_t *src, int32_t k) {
+    memcpy(dst + n, src, (size_t)k * sizeof *src);
+    return n + k;
+}
+
+/* With parse_special, the text of a control token becomes that token and the
+ * text around it is encoded as separate fragments (SPM: each fragment after a
+ * special token gets the prefix space, as llama.cpp's does); without it the
+ * same text never yields the control ids. */
+static void test_parse_special(const char *rel, const char *special, int32_t special_id, bool spm) {
+    struct sp_model_file *mf = open_vocab(rel, NULL);
+    if (!mf) return;
+    struct sp_tokenizer *t = make_tok(&mf->vocab);
+    if (!t) {
+        sp_model_file_free(mf);
+        return;
+    }
+    char text[128];
+    snprintf(text, sizeof text, "Hello%sworld %s", special, special);
+    int32_t got[64], n = 0, na, nb;
+    CHECK(sp_tokenizer_encode(t, text, strlen(text), false, true, got, 64, &n) == SP_OK);
+    int32_t *a = encode(t, "Hello", 5, false, &na), *b = encode(t, spm ? "world " : "world ", 6, false, &nb);
+    int32_t want[64], nw = 0;
+    nw = cat(want, nw, a, na);
+    want[nw++] = special_id;
+    nw = cat(want, nw, b, nb);
+    want[nw++] = special_id;
+    CHECKF(n == nw && memcmp(got, want, (size_t)n * sizeof *got) == 0, "%s: '%s' with parse_special", rel, text);
+    if (n != nw || memcmp(got, want, (size_t)n * sizeof *got) != 0) {
+        print_ids("got", got, n);
+        print_ids("want", want, nw);
+    }
+    /* without it: plain text, and the control id never appears */
+    int32_t plain[64], np = 0;
+    CHECK(sp_tokenizer_encode(t, text, strlen(text), false, false, plain, 64, &np) == SP_OK && np > nw);
+    for (int32_t i = 0; i < np; i++) CHECK(plain[i] != special_id);
+    /* with BOS: the prefix comes first, then the same ids */
+    int32_t with_bos[64], nbos = 0;
+    CHECK(sp_tokenizer_encode(t, text, strlen(text), true, true, with_bos, 64, &nbos) == SP_OK);
+    const int32_t extra = mf->vocab.add_bos && mf->vocab.bos >= 0 ? 1 : 0;
+    CHECK(nbos == n + extra && memcmp(with_bos + extra, got, (size_t)n * sizeof *got) == 0);
+    free(a);
+    free(b);
+    sp_tokenizer_free(t);
+    sp_model_file_free(mf);
+}
+
 /* ---- threads share one tokenizer ---------------------------------------------- */
 
 struct thread_arg {
@@ -841,6 +891,9 @@ int main(void) {
     test_pretok();
     test_pretok_model();
     test_user_defined();
+    test_parse_special("peer-tests/tokenizer/ggml-vocab-llama-spm.gguf", "</s>", 2, true);
+    test_parse_special("peer-tests/tokenizer/ggml-vocab-gpt-2.gguf", "<|endoftext|>", 50256, false);
+    test_parse_special("models/stories260K/stories260K-f32.gguf", "</s>", 2, true);
     test_big_vocab();
     test_threads();
     test_oom("models/stories260K/stories260K-f32.gguf");

@@ -334,6 +334,8 @@ static struct sp_jnode *parse_postfix(struct ps *p, struct sp_jnode *n) {
             struct sp_jnode *c = node(p, SP_JN_CALL, t);
             if (!c) return NULL;
             c->a = n;
+            c->line = n->line; /* a call is reported where its callee starts */
+            c->col = n->col;
             if (!parse_args(p, c)) return NULL;
             n = c;
         } else {
@@ -355,6 +357,8 @@ static struct sp_jnode *parse_filter_expr(struct ps *p, struct sp_jnode *n) {
             struct sp_jnode *c = node(p, SP_JN_CALL, t);
             if (!c) return NULL;
             c->a = n;
+            c->line = n->line; /* a call is reported where its callee starts */
+            c->col = n->col;
             if (!parse_args(p, c)) return NULL;
             n = c;
         } else {
