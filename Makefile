@@ -29,11 +29,15 @@ else
 ISA_DIR := none
 endif
 
-LIB_SRC := $(wildcard src/*.c src/core/*.c src/format/*.c src/quant/*.c src/mem/*.c src/model/*.c \
-             src/kv/*.c src/sample/*.c src/tokenizer/*.c src/sched/*.c src/eval/*.c src/quantize/*.c src/chat/*.c) $(wildcard src/quant/$(ISA_DIR)/*.c)
+# Every src/*.c and src/<module>/*.c (a new module folder needs no edit here);
+# ISA folders (src/quant/x86, src/quant/arm) only for the target's ISA.
+LIB_SRC := $(wildcard src/*.c src/*/*.c) $(wildcard src/quant/$(ISA_DIR)/*.c)
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
 LIB     := $(BUILD)/libsparrow.a
 CLI     := $(BUILD)/sparrow
+# tools/common: what the CLI (and the server) share; tools/cli: main.c + one cmd_<name>.c per command
+TOOLS_COMMON_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/common/*.c))
+CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/cli/*.c)) $(TOOLS_COMMON_OBJ)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard bench/*.c)
@@ -53,6 +57,9 @@ ifeq ($(ISA_DIR),arm)
 $(BUILD)/tests/%.o: CFLAGS += -fno-tree-vectorize
 endif
 
+# keep the test objects (else make deletes them as intermediates and rebuilds them every run)
+.SECONDARY:
+
 .PHONY: all test asan format clean bench fuzz deps arm64
 all: $(LIB) $(CLI) $(TEST_BIN)
 
@@ -64,7 +71,7 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(AR) rcs $@ $^
 
-$(CLI): $(BUILD)/tools/cli/main.o $(LIB)
+$(CLI): $(CLI_OBJ) $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
@@ -107,4 +114,4 @@ format:
 clean:
 	rm -rf build build-asan build-fuzz build-arm64
 
--include $(LIB_OBJ:.o=.d) $(BUILD)/tools/cli/main.d $(TEST_BIN:%=%.d) $(BENCH_BIN:%=%.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:%=%.d) $(BENCH_BIN:%=%.d)

@@ -1,0 +1,414 @@
+/*
+ * cmd_bench.c -- `sparrow bench`: load time, TTFT, prefill/decode speed, peak memory, bytes read.
+ */
+#include "cmds.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- bench ------------------------------------------------------------------------ */
+
+#define DEF_BENCH_PROMPT 128
+#define DEF_BENCH_GEN 32
+#define DEF_BENCH_REPS 3
+
+void help_bench(FILE *f) {
+    fprintf(f,
+            "usage: sparrow bench -m MODEL [OPTIONS]\n"
+            "\n"
+            "Measure the model as llama-bench does, in Sparrow's own terms.  Each\n"
+            "repetition loads the model afresh, decodes a prompt of P token ids (BOS then\n"
+            "fixed pseudo-random ids, not text) as one batch, samples greedily, then decodes\n"
+            "N more tokens one at a time.  Per repetition it reports:\n"
+            "  load_s               sp_model_load + sp_session_init\n"
+            "  ttft_s               prompt decode + the first sample (time to first token)\n"
+            "  prefill_tps          P / prompt decode time\n"
+            "  decode_tps, decode_ms_per_token   over the N one-token decodes\n"
+            "  peak_rss_bytes       VmHWM (/proc/self/status), reset before each repetition\n"
+            "  bytes_read, rchar    storage bytes read (read_bytes of /proc/self/io) and\n"
+            "                       bytes through read calls (rchar), over the repetition\n"
+            "  bytes_read_per_token storage bytes read during the N decodes / N\n"
+            "  model_bytes_per_token  bytes a decoded token touches (from the tensor sizes)\n"
+            "A page-cache-warm file reads ~0 bytes from storage; --cold drops the file's\n"
+            "pages from the cache before each repetition.  The summary is the median.\n"
+            "\n"
+            "options:\n"
+            "  -m, --model FILE        model file; required\n"
+            "  -p, --n-prompt P        prompt tokens, 1..%d (default: %d)\n"
+            "  -n, --n-gen N           generated tokens, 0..%d (default: %d)\n"
+            "  -r, --reps R            repetitions, 1..1000 (default: %d)\n"
+            "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
+            "  -c, --ctx-size N        context length, 0 = P + N (default: 0)\n"
+            "  -b, --batch N           tokens per forward pass, 1..%d; 0 = the library's\n"
+            "                          default (128)\n"
+            "      --kv-type TYPE      KV cache element type: f32 or f16 (default: f16, as llama.cpp)\n"
+            "      --weights MODE      how resident weights are held: auto, mmap (pointers\n"
+            "                          into the file mapping) or load (read into anonymous,\n"
+            "                          huge-page memory) (default: auto)\n"
+            "      --mem-budget SIZE   keep at most SIZE resident (binary units: 7.5G); adds\n"
+            "                          mem_budget_bytes to the JSON.  expert_hit_rate (MoE:\n"
+            "                          expert slices found cached) and prefetch_accuracy\n"
+            "                          (prefetched units used before eviction) are measured\n"
+            "                          over the decodes; null where they do not apply;\n"
+            "                          io_wait_s_per_token: time a decode waited for reads\n"
+            "      --cold              evict the model file from the page cache before each\n"
+            "                          repetition (posix_fadvise DONTNEED)\n"
+            "      --json              print one JSON object on stdout instead of the table:\n"
+            "                          the medians at top level, and a \"runs\" array\n"
+            "  -v, --verbose           print the library's log messages on stderr\n"
+            "  -h, --help              print this help and exit\n"
+            "\n"
+            "exit status: 0 success, 1 runtime or library error, 2 usage error.\n",
+            MAX_BATCH, DEF_BENCH_PROMPT, MAX_BATCH, DEF_BENCH_GEN, DEF_BENCH_REPS, MAX_THREADS, default_threads(),
+            MAX_BATCH);
+}
+
+static const char *weights_name(enum sp_weight_mode w) {
+    return w == SP_WEIGHTS_MMAP ? "mmap" : w == SP_WEIGHTS_LOAD ? "load" : "auto";
+}
+
+struct bench_run {
+    double load_s, ttft_s, prefill_tps, decode_tps, decode_ms_per_token;
+    double peak_rss_bytes, bytes_read, rchar, bytes_read_per_token;
+    double expert_hit_rate, prefetch_accuracy; /* over the decodes; NaN (null) when not applicable */
+    double io_wait_s_per_token; /* time the decodes waited for weight reads / N (0 without a budget) */
+};
+
+/* The fields a repetition reports, in output order (a table keeps the JSON
+ * and the medians in step). */
+static const struct {
+    const char *key;
+    size_t off;
+    int integer;
+} bench_fields[] = {
+    {"load_s", offsetof(struct bench_run, load_s), 0},
+    {"ttft_s", offsetof(struct bench_run, ttft_s), 0},
+    {"prefill_tps", offsetof(struct bench_run, prefill_tps), 0},
+    {"decode_tps", offsetof(struct bench_run, decode_tps), 0},
+    {"decode_ms_per_token", offsetof(struct bench_run, decode_ms_per_token), 0},
+    {"peak_rss_bytes", offsetof(struct bench_run, peak_rss_bytes), 1},
+    {"bytes_read", offsetof(struct bench_run, bytes_read), 1},
+    {"rchar", offsetof(struct bench_run, rchar), 1},
+    {"bytes_read_per_token", offsetof(struct bench_run, bytes_read_per_token), 1},
+    {"expert_hit_rate", offsetof(struct bench_run, expert_hit_rate), 0},
+    {"prefetch_accuracy", offsetof(struct bench_run, prefetch_accuracy), 0},
+    {"io_wait_s_per_token", offsetof(struct bench_run, io_wait_s_per_token), 0},
+};
+
+static double *bench_field(struct bench_run *r, size_t i) {
+    return (double *)((char *)r + bench_fields[i].off);
+}
+
+/* read_bytes and rchar of this process, or -1 when /proc/self/io is absent. */
+static void proc_io(double *read_bytes, double *rchar) {
+    FILE *f = fopen("/proc/self/io", "r");
+    char line[128];
+    *read_bytes = *rchar = -1;
+    if (!f) return;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long v;
+        if (sscanf(line, "rchar: %llu", &v) == 1) *rchar = (double)v;
+        else if (sscanf(line, "read_bytes: %llu", &v) == 1) *read_bytes = (double)v;
+    }
+    fclose(f);
+}
+
+/* VmHWM in bytes, or -1. */
+static double proc_hwm(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[128];
+    double v = -1;
+    if (!f) return v;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) v = (double)kb * 1024.0;
+    }
+    fclose(f);
+    return v;
+}
+
+/* Reset VmHWM to the current RSS (Linux >= 4.0); 0 on success. */
+static int reset_hwm(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return -1;
+    int bad = fputs("5", f) < 0;
+    bad |= fclose(f) != 0;
+    return bad ? -1 : 0;
+}
+
+static int evict_file(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    return rc == 0 ? 0 : -1;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+static double median_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+
+
+static void json_fields(struct bench_run *r) {
+    for (size_t i = 0; i < sizeof bench_fields / sizeof bench_fields[0]; i++) {
+        printf("%s\"%s\": ", i ? ", " : "", bench_fields[i].key);
+        json_number(*bench_field(r, i), bench_fields[i].integer);
+    }
+}
+
+/* One repetition: load, prompt, n_gen decodes; fills r.  Returns an exit
+ * code (EXIT_OK or EXIT_RUNTIME, message printed). */
+static int bench_once(const char *path, enum sp_weight_mode weights, uint64_t mem_budget, struct sp_session_params sp,
+                      int n_prompt, int n_gen, struct bench_run *r, struct sp_model_info *info) {
+    struct sp_model *model = NULL;
+    struct sp_session *sess = NULL;
+    int32_t *toks = NULL;
+    int ret = EXIT_RUNTIME;
+    sp_status rc;
+    double io0, io1, io2, rc0, rc1, rc2;
+
+    memset(r, 0, sizeof *r);
+    reset_hwm();
+    proc_io(&io0, &rc0);
+    struct sp_model_params mp = sp_model_default_params();
+    mp.weights = weights;
+    mp.mem_budget = mem_budget;
+    struct sp_mem_stats ms1, ms2;
+    const double t0 = now_s();
+    rc = sp_model_load(path, &mp, &model);
+    if (rc != SP_OK) {
+        ret = lib_error("loading the model", rc);
+        goto done;
+    }
+    rc = sp_session_init(model, &sp, &sess);
+    if (rc != SP_OK) {
+        ret = lib_error("creating the session", rc);
+        goto done;
+    }
+    r->load_s = now_s() - t0;
+    if ((rc = sp_model_get_info(model, info)) != SP_OK) {
+        ret = lib_error("reading the model info", rc);
+        goto done;
+    }
+
+    /* BOS, then ids from a fixed LCG over the whole vocabulary: the same
+     * prompt in every repetition and every run. */
+    toks = malloc((size_t)n_prompt * sizeof *toks);
+    if (!toks) {
+        fprintf(stderr, "sparrow: bench: out of memory\n");
+        goto done;
+    }
+    uint32_t x = 12345u;
+    for (int i = 0; i < n_prompt; i++) {
+        x = x * 1664525u + 1013904223u;
+        toks[i] = (int32_t)((x >> 8) % (uint32_t)info->n_vocab);
+    }
+    if (info->bos >= 0) toks[0] = info->bos;
+
+    int32_t tok;
+    const double tp0 = now_s();
+    if ((rc = sp_decode(sess, toks, n_prompt)) != SP_OK) {
+        ret = lib_error("decoding the prompt", rc);
+        goto done;
+    }
+    const double tp1 = now_s();
+    if ((rc = sp_sample(sess, &tok)) != SP_OK) {
+        ret = lib_error("sampling", rc);
+        goto done;
+    }
+    const double tp2 = now_s();
+    r->ttft_s = tp2 - tp0;
+    r->prefill_tps = n_prompt / (tp1 - tp0);
+    proc_io(&io1, &rc1);
+    (void)sp_model_get_mem_stats(model, &ms1);
+
+    double t_dec = 0;
+    for (int i = 0; i < n_gen; i++) {
+        const double td = now_s();
+        if ((rc = sp_decode(sess, &tok, 1)) != SP_OK) {
+            ret = lib_error("decoding", rc);
+            goto done;
+        }
+        if ((rc = sp_sample(sess, &tok)) != SP_OK) {
+            ret = lib_error("sampling", rc);
+            goto done;
+        }
+        t_dec += now_s() - td;
+    }
+    r->decode_tps = n_gen > 0 ? n_gen / t_dec : NAN;
+    r->decode_ms_per_token = n_gen > 0 ? t_dec * 1000.0 / n_gen : NAN;
+    proc_io(&io2, &rc2);
+    (void)sp_model_get_mem_stats(model, &ms2);
+    const uint64_t e_pins = ms2.expert_pins - ms1.expert_pins, pf = ms2.prefetch_issued - ms1.prefetch_issued;
+    r->expert_hit_rate = info->n_experts > 0 && e_pins ? (double)(ms2.expert_hits - ms1.expert_hits) / e_pins
+                         : info->n_experts > 0 && n_gen > 0 ? 1.0
+                                                            : NAN;
+    r->prefetch_accuracy = pf ? (double)(ms2.prefetch_used - ms1.prefetch_used) / pf : NAN;
+    r->io_wait_s_per_token = n_gen > 0 ? (ms2.wait_s - ms1.wait_s) / n_gen : NAN;
+    r->peak_rss_bytes = proc_hwm();
+    r->bytes_read = io0 >= 0 && io2 >= 0 ? io2 - io0 : NAN;
+    r->rchar = rc0 >= 0 && rc2 >= 0 ? rc2 - rc0 : NAN;
+    r->bytes_read_per_token = n_gen > 0 && io1 >= 0 && io2 >= 0 ? (io2 - io1) / n_gen : NAN;
+    ret = EXIT_OK;
+done:
+    free(toks);
+    sp_session_free(sess);
+    sp_model_free(model);
+    return ret;
+}
+
+int cmd_bench(int argc, char **argv) {
+    struct argp a = {.cmd = "bench", .argc = argc, .argv = argv};
+    const char *model_path = NULL;
+    long long n_prompt = DEF_BENCH_PROMPT, n_gen = DEF_BENCH_GEN, reps = DEF_BENCH_REPS;
+    bool json = false, cold = false;
+    uint64_t mem_budget = 0;
+    enum sp_weight_mode weights = SP_WEIGHTS_AUTO;
+    struct sp_session_params sp = sp_session_default_params();
+    sp.n_threads = default_threads();
+    sp.sampling.temp = 0.0f; /* greedy */
+    sp.sampling.repeat_penalty = 1.0f;
+
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (opt_is(&a, "-h", "--help")) {
+            help_bench(stdout);
+            return EXIT_OK;
+        } else if (opt_is(&a, "-m", "--model")) {
+            model_path = opt_value(&a);
+        } else if (opt_is(&a, "-p", "--n-prompt")) {
+            n_prompt = parse_int(&a, opt_value(&a), 1, MAX_BATCH);
+        } else if (opt_is(&a, "-n", "--n-gen")) {
+            n_gen = parse_int(&a, opt_value(&a), 0, MAX_BATCH);
+        } else if (opt_is(&a, "-r", "--reps")) {
+            reps = parse_int(&a, opt_value(&a), 1, 1000);
+        } else if (session_opt(&a, &sp)) {
+            /* -t, -c, -b, --kv-type */
+        } else if (opt_is(&a, NULL, "--weights")) {
+            const char *v = opt_value(&a);
+            if (strcmp(v, "auto") == 0) weights = SP_WEIGHTS_AUTO;
+            else if (strcmp(v, "mmap") == 0) weights = SP_WEIGHTS_MMAP;
+            else if (strcmp(v, "load") == 0) weights = SP_WEIGHTS_LOAD;
+            else usage_error(a.cmd, "%s: expected auto, mmap or load, got '%s'", a.name, v);
+        } else if (opt_is(&a, NULL, "--mem-budget")) {
+            mem_budget = parse_size(&a, opt_value(&a));
+        } else if (opt_is(&a, NULL, "--cold")) {
+            opt_no_value(&a);
+            cold = true;
+        } else if (opt_is(&a, NULL, "--json")) {
+            opt_no_value(&a);
+            json = true;
+        } else {
+            last_opt(&a, "the model goes after -m");
+        }
+    }
+    if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow bench --help')");
+    if (sp.n_ctx == 0) sp.n_ctx = (int32_t)(n_prompt + n_gen);
+    if (n_prompt + n_gen > sp.n_ctx) {
+        usage_error(a.cmd, "-c %d is smaller than P + N = %lld tokens", (int)sp.n_ctx, n_prompt + n_gen);
+    }
+
+    sp_log_set(cli_log, &log_verbose);
+    struct bench_run *runs = calloc((size_t)reps, sizeof *runs);
+    double *col = calloc((size_t)reps, sizeof *col);
+    struct sp_model_info info;
+    int ret = EXIT_RUNTIME;
+    if (!runs || !col) {
+        fprintf(stderr, "sparrow: bench: out of memory\n");
+        goto done;
+    }
+    if (!json) {
+        char batch[16];
+        snprintf(batch, sizeof batch, sp.n_batch ? "%d" : "default", (int)sp.n_batch);
+        char budget[32] = "";
+        if (mem_budget) snprintf(budget, sizeof budget, ", budget %.2f GiB", mem_budget / 1073741824.0);
+        printf("model %s: threads %d, prompt %lld, gen %lld, ctx %d, batch %s, weights %s%s%s\n", model_path,
+               (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, batch, weights_name(weights), budget,
+               cold ? ", cold page cache" : "");
+        printf("%4s %8s %8s %11s %10s %9s %12s %12s %12s\n", "rep", "load s", "ttft s", "prefill t/s", "decode t/s",
+               "ms/token", "peak RSS MiB", "read MiB", "read/token");
+        fflush(stdout);
+    }
+    for (long long i = 0; i < reps; i++) {
+        if (cold && evict_file(model_path) != 0 && i == 0) {
+            fprintf(stderr, "sparrow: bench: warning: cannot evict '%s' from the page cache\n", model_path);
+        }
+        if ((ret = bench_once(model_path, weights, mem_budget, sp, (int)n_prompt, (int)n_gen, &runs[i], &info)) != EXIT_OK) {
+            goto done;
+        }
+        if (!json) {
+            const struct bench_run *r = &runs[i];
+            printf("%4lld %8.3f %8.3f %11.2f %10.2f %9.1f %12.1f %12.1f %12.0f\n", i + 1, r->load_s, r->ttft_s,
+                   r->prefill_tps, r->decode_tps, r->decode_ms_per_token, r->peak_rss_bytes / 1048576.0,
+                   r->bytes_read / 1048576.0, r->bytes_read_per_token);
+            fflush(stdout);
+        }
+    }
+    struct bench_run med;
+    for (size_t k = 0; k < sizeof bench_fields / sizeof bench_fields[0]; k++) {
+        for (long long i = 0; i < reps; i++) col[i] = *bench_field(&runs[i], k);
+        *bench_field(&med, k) = median_of(col, (int)reps);
+    }
+    if (json) {
+        printf("{\"model\": ");
+        json_string(model_path);
+        printf(", \"engine\": \"sparrow\", \"version\": \"%s\", \"threads\": %d, \"n_prompt\": %lld, \"n_gen\": %lld, "
+               "\"n_ctx\": %d, \"n_batch\": %d, \"reps\": %lld, \"cold\": %s, \"kv_type\": \"%s\", "
+               "\"weights\": \"%s\", ",
+               SPARROW_VERSION, (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, (int)sp.n_batch, reps,
+               cold ? "true" : "false", kv_type_name(sp.kv_type), weights_name(weights));
+        printf("\"mem_budget_bytes\": ");
+        json_number(mem_budget ? (double)mem_budget : NAN, 1);
+        printf(", \"n_experts\": %d, \"n_experts_used\": %d, ", (int)info.n_experts, (int)info.n_experts_used);
+        printf("\"model_file_size\": %" PRIu64 ", \"model_tensor_bytes\": %" PRIu64
+               ", \"model_bytes_per_token\": %" PRIu64 ", \"model_params\": %" PRIu64 ", ",
+               info.file_size, info.tensor_bytes, info.bytes_per_token, info.n_params);
+        json_fields(&med);
+        printf(", \"runs\": [");
+        for (long long i = 0; i < reps; i++) {
+            printf("%s{", i ? ", " : "");
+            json_fields(&runs[i]);
+            putchar('}');
+        }
+        printf("]}\n");
+    } else {
+        const struct bench_run *r = &med;
+        printf("%4s %8.3f %8.3f %11.2f %10.2f %9.1f %12.1f %12.1f %12.0f\n", "med", r->load_s, r->ttft_s,
+               r->prefill_tps, r->decode_tps, r->decode_ms_per_token, r->peak_rss_bytes / 1048576.0,
+               r->bytes_read / 1048576.0, r->bytes_read_per_token);
+        printf("model: %.2f GiB of tensors, %.1f MiB touched per decoded token\n",
+               (double)info.tensor_bytes / 1073741824.0, (double)info.bytes_per_token / 1048576.0);
+        if (isfinite(r->expert_hit_rate) || isfinite(r->prefetch_accuracy)) {
+            printf("experts: hit rate %.3f, prefetch accuracy %.3f; waited for reads %.3f s per token (medians over "
+                   "the decodes)\n", r->expert_hit_rate, r->prefetch_accuracy, r->io_wait_s_per_token);
+        }
+    }
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "sparrow: bench: cannot write to stdout: %s\n", strerror(errno));
+        ret = EXIT_RUNTIME;
+        goto done;
+    }
+    ret = EXIT_OK;
+done:
+    free(runs);
+    free(col);
+    return ret;
+}
+

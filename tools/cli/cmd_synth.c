@@ -1,0 +1,207 @@
+/*
+ * cmd_synth.c -- `sparrow synth`: random-weight models in real shapes.
+ */
+#include "cmds.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- synth ------------------------------------------------------------------------ */
+
+void help_synth(FILE *f) {
+    fprintf(f, "usage: sparrow synth --shape NAME --type TYPE -o FILE [OPTIONS]\n"
+               "       sparrow synth --list\n"
+               "\n"
+               "Write a GGUF model with seeded random weights in the exact shapes of a real\n"
+               "model (tensor names, shapes, per-tensor types, hyper-parameters, and a\n"
+               "SentencePiece-style vocabulary of the right size), for speed and memory\n"
+               "measurements without downloading weights.  The text it generates is\n"
+               "gibberish.  llama.cpp loads these files too.  FILE appears only when it is\n"
+               "complete; a failure or Ctrl-C leaves nothing behind.  Progress goes to stderr.\n"
+               "\n"
+               "options:\n"
+               "      --shape NAME        model shape (see --list), e.g. llama-7b; required\n"
+               "      --type TYPE         f16, bf16, q8_0, q4_0 or q4_k_m (Q4_K, with Q6_K for\n"
+               "                          the output and, as llama.cpp's Q4_K_M, attn_v and\n"
+               "                          ffn_down in half the layers); required\n"
+               "  -o, --output FILE       the file to write; required\n"
+               "      --seed S            seed, 0..2^64-1; the same shape, type and seed give\n"
+               "                          the same bytes (default: 0)\n"
+               "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here);\n"
+               "                          the output does not depend on it\n"
+               "      --list              list the shapes and types with their sizes, then exit\n"
+               "  -q, --quiet             no progress on stderr\n"
+               "  -v, --verbose           print the library's log messages on stderr\n"
+               "  -h, --help              print this help and exit\n"
+               "\n"
+               "exit status: 0 success, 1 runtime or library error (e.g. a full disk),\n"
+               "             2 usage error (including an unknown shape or type).\n",
+            MAX_THREADS, default_threads());
+}
+
+static int synth_list(void) {
+    char b[64];
+    const int32_t nt = sp_synth_n_types();
+    printf("%-14s %-9s %6s %6s %7s %6s %7s %8s %7s %-9s", "shape", "arch", "layers", "embd", "heads", "ffn",
+           "vocab", "ctx", "experts", "params");
+    for (int32_t k = 0; k < nt; k++) printf(" %10s", sp_synth_type_name(k));
+    putchar('\n');
+    for (int32_t i = 0; i < sp_synth_n_shapes(); i++) {
+        struct sp_synth_shape_info si;
+        uint64_t n_params = 0;
+        if (sp_synth_get_shape(i, &si) != SP_OK) continue;
+        char heads[32], experts[32], ffn[32];
+        snprintf(heads, sizeof heads, "%d/%d", (int)si.n_heads, (int)si.n_kv_heads);
+        if (si.n_experts) {
+            snprintf(experts, sizeof experts, "%d/%d", (int)si.n_experts_used, (int)si.n_experts);
+            snprintf(ffn, sizeof ffn, "%d", (int)si.n_ff_exp);
+        } else {
+            snprintf(experts, sizeof experts, "-");
+            snprintf(ffn, sizeof ffn, "%d", (int)si.n_ff);
+        }
+        (void)sp_synth_size(si.name, sp_synth_type_name(0), &n_params, NULL);
+        printf("%-14s %-9s %6d %6d %7s %6s %7d %8d %7s %-9s", si.name, si.arch, (int)si.n_layers, (int)si.n_embd,
+               heads, ffn, (int)si.n_vocab, (int)si.n_ctx, experts, human_count(n_params, b, sizeof b));
+        for (int32_t k = 0; k < nt; k++) {
+            uint64_t bytes = 0;
+            (void)sp_synth_size(si.name, sp_synth_type_name(k), NULL, &bytes);
+            printf(" %10s", human_bytes(bytes, b, sizeof b));
+        }
+        printf("\n%-14s %s\n", "", si.about);
+    }
+    printf("\nsizes are tensor data; a file adds its metadata (a few MiB for large vocabularies).\n"
+           "experts: active/total; ffn: the expert FFN width for MoE shapes.\n");
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "sparrow: synth: cannot write to stdout: %s\n", strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    return EXIT_OK;
+}
+
+static volatile sig_atomic_t synth_interrupted;
+static void synth_on_signal(int sig) {
+    (void)sig;
+    synth_interrupted = 1;
+}
+
+/* Progress bar state: on a terminal the line is redrawn with '\r' a few
+ * times a second; otherwise a line is printed every 10%. */
+struct synth_progress {
+    double t0, last;
+    int tty, last_decile, quiet, drawn;
+};
+
+static bool synth_progress_cb(uint64_t done, uint64_t total, void *user) {
+    struct synth_progress *pr = user;
+    if (synth_interrupted) return false;
+    if (pr->quiet) return true;
+    const double t = now_s(), el = t - pr->t0;
+    const double frac = total ? (double)done / (double)total : 1.0;
+    const int decile = (int)(frac * 10.0);
+    if (pr->tty) {
+        if (done != total && t - pr->last < 0.2) return true;
+    } else if (decile == pr->last_decile && done != total) {
+        return true;
+    }
+    pr->last = t;
+    pr->last_decile = decile;
+    const double mb = (double)done / 1e6, rate = el > 0 ? mb / el : 0.0;
+    const double eta = rate > 0 ? ((double)(total - done) / 1e6) / rate : 0.0;
+    char bar[31];
+    const int fill = (int)(frac * 30.0);
+    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+    bar[30] = '\0';
+    fprintf(stderr, "%s[%s] %5.1f%%  %9.1f / %.1f MB  %6.1f MB/s  ETA %4.0f s%s", pr->tty ? "\r" : "", bar,
+            frac * 100.0, mb, (double)total / 1e6, rate, eta, pr->tty ? "  " : "\n");
+    pr->drawn = 1;
+    return true;
+}
+
+int cmd_synth(int argc, char **argv) {
+    struct argp a = {.cmd = "synth", .argc = argc, .argv = argv};
+    struct sp_synth_params p = sp_synth_default_params();
+    bool list = false, quiet = false;
+    p.n_threads = default_threads();
+
+    for (a.i = 1; a.i < argc; a.i++) {
+        if (opt_is(&a, "-h", "--help")) {
+            help_synth(stdout);
+            return EXIT_OK;
+        } else if (opt_is(&a, NULL, "--shape")) {
+            p.shape = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--type")) {
+            p.type = opt_value(&a);
+        } else if (opt_is(&a, "-o", "--output")) {
+            p.path = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--seed")) {
+            p.seed = parse_u64(&a, opt_value(&a));
+        } else if (opt_is(&a, "-t", "--threads")) {
+            p.n_threads = (int32_t)parse_int(&a, opt_value(&a), 1, MAX_THREADS);
+        } else if (opt_is(&a, NULL, "--list")) {
+            opt_no_value(&a);
+            list = true;
+        } else if (opt_is(&a, "-q", "--quiet")) {
+            opt_no_value(&a);
+            quiet = true;
+        } else {
+            last_opt(&a, "the output file goes after -o");
+        }
+    }
+    if (list) return synth_list();
+    if (!p.shape) usage_error(a.cmd, "--shape NAME is required (see 'sparrow synth --list')");
+    if (!p.type) usage_error(a.cmd, "--type TYPE is required (f16, bf16, q8_0, q4_0, q4_k_m)");
+    if (!p.path || !*p.path) usage_error(a.cmd, "-o FILE is required");
+    uint64_t n_params = 0, bytes = 0;
+    if (sp_synth_size(p.shape, p.type, &n_params, &bytes) != SP_OK) {
+        bool shape_ok = false;
+        for (int32_t i = 0; i < sp_synth_n_shapes(); i++) {
+            struct sp_synth_shape_info si;
+            if (sp_synth_get_shape(i, &si) == SP_OK && strcmp(si.name, p.shape) == 0) shape_ok = true;
+        }
+        if (!shape_ok) usage_error(a.cmd, "--shape: unknown shape '%s' (see 'sparrow synth --list')", p.shape);
+        usage_error(a.cmd, "--type: unknown type '%s' (f16, bf16, q8_0, q4_0, q4_k_m)", p.type);
+    }
+
+    sp_log_set(cli_log, &log_verbose);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = synth_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    struct synth_progress pr = {.t0 = now_s(), .tty = isatty(STDERR_FILENO), .last_decile = -1, .quiet = quiet};
+    char b1[64], b2[64];
+    if (!quiet) {
+        fprintf(stderr, "sparrow: synth %s %s seed %" PRIu64 ": %s parameters, %s of tensor data -> %s\n", p.shape,
+                p.type, p.seed, human_count(n_params, b1, sizeof b1), human_bytes(bytes, b2, sizeof b2), p.path);
+    }
+    p.progress = synth_progress_cb;
+    p.progress_user = &pr;
+    sp_status rc = sp_synth(&p);
+    if (pr.drawn && pr.tty) fputc('\n', stderr);
+    if (rc != SP_OK) {
+        if (synth_interrupted) {
+            fprintf(stderr, "sparrow: synth: interrupted; '%s' was not written\n", p.path);
+            return EXIT_RUNTIME;
+        }
+        return lib_error("writing the model", rc);
+    }
+    const double el = now_s() - pr.t0;
+    if (!quiet) {
+        fprintf(stderr, "sparrow: wrote %s (%s) in %.1f s, %.1f MB/s\n", p.path, human_bytes(bytes, b1, sizeof b1),
+                el, el > 0 ? (double)bytes / 1e6 / el : 0.0);
+    }
+    return EXIT_OK;
+}

@@ -1,0 +1,368 @@
+/*
+ * cli.c -- what every command of the `sparrow` tool (and the server) shares:
+ * errors and exit codes, the library's log callback, strict option parsing,
+ * reading files, tokenizing into growable arrays, human-readable sizes and
+ * JSON output helpers.  Includes only "sparrow.h" and the C/POSIX library.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int default_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    return (int)n;
+}
+
+const char *kv_type_name(enum sp_kv_type t) {
+    return t == SP_KV_F16 ? "f16" : t == SP_KV_F32 ? "f32" : "?";
+}
+
+/* ---- errors ----------------------------------------------------------------- */
+
+void usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    fputs("sparrow: ", stderr);
+    if (cmd) fprintf(stderr, "%s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(EXIT_USAGE);
+}
+
+/* One line for a failed library call: its message (which names the file,
+ * tensor or key), or the status name if the library left none. */
+int lib_error(const char *what, sp_status st) {
+    const char *msg = sp_last_error();
+    if (msg && *msg) {
+        fprintf(stderr, "sparrow: %s\n", msg);
+    } else {
+        fprintf(stderr, "sparrow: %s: %s\n", what, sp_status_str(st));
+    }
+    return EXIT_RUNTIME;
+}
+
+/* Library log messages.  Failures come back as a status plus sp_last_error(),
+ * which the CLI prints once; so by default only warnings are shown, and with
+ * -v everything. */
+void cli_log(enum sp_log_level level, const char *msg, void *user) {
+    const int verbose = *(const int *)user;
+    if (verbose) {
+        static const char *const names[] = {"error", "warning", "info", "debug"};
+        fprintf(stderr, "sparrow: [%s] %s\n", (unsigned)level < 4 ? names[level] : "log", msg);
+    } else if (level == SP_LOG_WARN) {
+        fprintf(stderr, "sparrow: warning: %s\n", msg);
+    }
+}
+int log_verbose;
+
+/* ---- option parsing -----------------------------------------------------------
+ * Options are "-x VALUE", "--long VALUE" or "--long=VALUE"; "--" ends them.
+ * Values are parsed strictly: the whole string must be a number in range. */
+
+
+/* Does argv[i] name this option?  Sets name/inl. */
+int opt_is(struct argp *a, const char *short_name, const char *long_name) {
+    const char *arg = a->argv[a->i];
+    if (short_name && strcmp(arg, short_name) == 0) {
+        snprintf(a->name, sizeof a->name, "%s", arg);
+        a->inl = NULL;
+        return 1;
+    }
+    if (!long_name) return 0;
+    size_t n = strlen(long_name);
+    if (strncmp(arg, long_name, n) == 0 && (arg[n] == '\0' || arg[n] == '=')) {
+        snprintf(a->name, sizeof a->name, "%s", long_name);
+        a->inl = arg[n] == '=' ? arg + n + 1 : NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* For an option without a value: reject "--flag=VALUE". */
+void opt_no_value(struct argp *a) {
+    if (a->inl) usage_error(a->cmd, "%s: takes no value, got '%s'", a->name, a->inl);
+}
+
+const char *opt_value(struct argp *a) {
+    if (a->inl) return a->inl;
+    if (a->i + 1 >= a->argc) usage_error(a->cmd, "%s: missing value", a->name);
+    return a->argv[++a->i];
+}
+
+long long parse_int(struct argp *a, const char *s, long long lo, long long hi) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r'))
+        usage_error(a->cmd, "%s: expected an integer, got '%s'", a->name, s);
+    if (errno == ERANGE || v < lo || v > hi)
+        usage_error(a->cmd, "%s: expected an integer in [%lld, %lld], got '%s'", a->name, lo, hi, s);
+    return v;
+}
+
+uint64_t parse_u64(struct argp *a, const char *s) {
+    char *end;
+    errno = 0;
+    if (!(s[0] >= '0' && s[0] <= '9')) usage_error(a->cmd, "%s: expected an unsigned integer, got '%s'", a->name, s);
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end != '\0') usage_error(a->cmd, "%s: expected an unsigned integer, got '%s'", a->name, s);
+    if (errno == ERANGE) usage_error(a->cmd, "%s: expected an integer in [0, 2^64-1], got '%s'", a->name, s);
+    return (uint64_t)v;
+}
+
+/* A memory size: a number with an optional binary unit -- K, M, G, T (also
+ * KiB, MiB, GiB, TiB; case-insensitive): "7.5G" = 7.5 GiB, "512M", or plain
+ * bytes.  Must be > 0. */
+uint64_t parse_size(struct argp *a, const char *s) {
+    char *end;
+    errno = 0;
+    const double v = strtod(s, &end);
+    if (end == s || !(s[0] >= '0' && s[0] <= '9') || errno == ERANGE || !(v > 0)) {
+        usage_error(a->cmd, "%s: expected a size such as 7.5G, 512M or 1048576, got '%s'", a->name, s);
+    }
+    double mul = 1;
+    const char *u = end;
+    switch (*u) {
+    case 'k': case 'K': mul = 1024.0; u++; break;
+    case 'm': case 'M': mul = 1048576.0; u++; break;
+    case 'g': case 'G': mul = 1073741824.0; u++; break;
+    case 't': case 'T': mul = 1099511627776.0; u++; break;
+    default: break;
+    }
+    if (mul > 1 && (u[0] == 'i' || u[0] == 'I') && (u[1] == 'b' || u[1] == 'B')) u += 2;
+    else if (mul > 1 && (u[0] == 'b' || u[0] == 'B')) u++;
+    if (*u != '\0') usage_error(a->cmd, "%s: unknown unit in '%s' (use K, M, G or T: binary units)", a->name, s);
+    const double bytes = v * mul;
+    if (bytes < 1 || bytes > 1.8e19) usage_error(a->cmd, "%s: size out of range: '%s'", a->name, s);
+    return (uint64_t)bytes;
+}
+
+/* A finite number in [lo, hi], or in (lo, hi] when lo_open. */
+double parse_num(struct argp *a, const char *s, double lo, double hi, int lo_open) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r') || !isfinite(v))
+        usage_error(a->cmd, "%s: expected a number, got '%s'", a->name, s);
+    if (errno == ERANGE || (lo_open ? v <= lo : v < lo) || v > hi) {
+        if (hi >= 1e30)
+            usage_error(a->cmd, "%s: expected a number %s %g, got '%s'", a->name, lo_open ? ">" : ">=", lo, s);
+        usage_error(a->cmd, "%s: expected a number in %c%g, %g], got '%s'", a->name, lo_open ? '(' : '[', lo, hi, s);
+    }
+    return v;
+}
+
+void unknown_option(struct argp *a) {
+    usage_error(a->cmd, "unknown option '%s' (see 'sparrow %s --help')", a->argv[a->i], a->cmd);
+}
+
+int is_option(const char *arg) {
+    return arg[0] == '-' && arg[1] != '\0'; /* "-" alone is an argument (stdin) */
+}
+
+/* ---- small utilities ----------------------------------------------------------- */
+
+double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Read a whole file ('-' = stdin) into malloc'd memory; *len = bytes.
+ * Returns 0, or -1 with a one-line message printed. */
+int read_all(const char *cmd, const char *path, char **out, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    if (!f) {
+        fprintf(stderr, "sparrow: %s: cannot open '%s': %s\n", cmd, path, strerror(errno));
+        return -1;
+    }
+    for (;;) {
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : 65536;
+            char *nb = realloc(buf, ncap + 1);
+            if (!nb) {
+                fprintf(stderr, "sparrow: %s: out of memory reading '%s'\n", cmd, path);
+                goto fail;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    if (ferror(f)) {
+        fprintf(stderr, "sparrow: %s: cannot read '%s': %s\n", cmd, path, strerror(errno));
+        goto fail;
+    }
+    if (f != stdin) fclose(f);
+    if (!buf) buf = malloc(1);
+    if (!buf) {
+        fprintf(stderr, "sparrow: %s: out of memory reading '%s'\n", cmd, path);
+        return -1;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+fail:
+    if (f != stdin) fclose(f);
+    free(buf);
+    return -1;
+}
+
+/* Tokenize into a malloc'd array (grown on SP_E_BUFFER). */
+sp_status tokenize_all(const struct sp_model *m, const char *text, size_t len, unsigned flags,
+                              int32_t **out, int32_t *n_out) {
+    int32_t cap = len < ((size_t)1 << 20) ? (int32_t)len + 16 : (1 << 20); /* grown on SP_E_BUFFER */
+    int32_t *toks = malloc((size_t)cap * sizeof(*toks));
+    int32_t n = 0;
+    if (!toks) return SP_E_NOMEM;
+    sp_status rc = sp_tokenize(m, text, len, flags, toks, cap, &n);
+    if (rc == SP_E_BUFFER && n > cap) {
+        int32_t *nt = realloc(toks, (size_t)n * sizeof(*toks));
+        if (!nt) {
+            free(toks);
+            return SP_E_NOMEM;
+        }
+        toks = nt;
+        cap = n;
+        rc = sp_tokenize(m, text, len, flags, toks, cap, &n);
+    }
+    if (rc != SP_OK) {
+        free(toks);
+        return rc;
+    }
+    *out = toks;
+    *n_out = n;
+    return SP_OK;
+}
+
+/* A growable byte buffer for token pieces. */
+
+
+sp_status piece_of(const struct sp_model *m, int32_t tok, struct piece_buf *b, size_t *n) {
+    sp_status rc = sp_token_to_piece(m, tok, b->p, b->cap, n);
+    if (rc == SP_E_BUFFER) {
+        char *np = realloc(b->p, *n + 1);
+        if (!np) return SP_E_NOMEM;
+        b->p = np;
+        b->cap = *n + 1;
+        rc = sp_token_to_piece(m, tok, b->p, b->cap, n);
+    }
+    return rc;
+}
+
+sp_status load_model(const char *path, const char *tokenizer, bool vocab_only, uint64_t mem_budget,
+                            struct sp_model **out) {
+    struct sp_model_params mp = sp_model_default_params();
+    mp.tokenizer_path = tokenizer;
+    mp.vocab_only = vocab_only;
+    mp.mem_budget = mem_budget;
+    return sp_model_load(path, &mp, out);
+}
+
+/* The session options run and bench share: -t, -c, -b, --kv-type.  Returns
+ * 1 when argv[i] was one of them (and stores its value in sp), else 0. */
+int session_opt(struct argp *a, struct sp_session_params *sp) {
+    if (opt_is(a, "-t", "--threads")) {
+        sp->n_threads = (int32_t)parse_int(a, opt_value(a), 1, MAX_THREADS);
+    } else if (opt_is(a, "-c", "--ctx-size")) {
+        sp->n_ctx = (int32_t)parse_int(a, opt_value(a), 0, INT32_MAX);
+    } else if (opt_is(a, "-b", "--batch")) {
+        sp->n_batch = (int32_t)parse_int(a, opt_value(a), 0, MAX_BATCH);
+    } else if (opt_is(a, NULL, "--kv-type")) {
+        const char *v = opt_value(a);
+        if (strcmp(v, "f32") == 0) sp->kv_type = SP_KV_F32;
+        else if (strcmp(v, "f16") == 0) sp->kv_type = SP_KV_F16;
+        else usage_error(a->cmd, "%s: expected f32 or f16, got '%s'", a->name, v);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* The end of every command's option chain: -v/--verbose, else an unknown
+ * option or a stray argument is a usage error; `hint` says where arguments
+ * go ("the model goes after -m"). */
+void last_opt(struct argp *a, const char *hint) {
+    const char *arg = a->argv[a->i];
+    if (opt_is(a, "-v", "--verbose")) {
+        opt_no_value(a);
+        log_verbose = 1;
+    } else if (is_option(arg)) {
+        unknown_option(a);
+    } else {
+        usage_error(a->cmd, "unexpected argument '%s' (%s)", arg, hint);
+    }
+}
+
+
+/* "1.13 MiB" style, into a static buffer (one use per printf). */
+const char *human_bytes(uint64_t n, char *buf, size_t cap) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, cap, "%" PRIu64 " B", n);
+    else snprintf(buf, cap, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+const char *human_count(uint64_t n, char *buf, size_t cap) {
+    if (n >= 1000000000ull) snprintf(buf, cap, "%.2f B", (double)n / 1e9);
+    else if (n >= 1000000ull) snprintf(buf, cap, "%.2f M", (double)n / 1e6);
+    else if (n >= 1000ull) snprintf(buf, cap, "%.1f K", (double)n / 1e3);
+    else snprintf(buf, cap, "%" PRIu64, n);
+    return buf;
+}
+
+void json_string(const char *s) {
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') printf("\\%c", *p);
+        else if (*p < 0x20) printf("\\u%04x", *p);
+        else putchar(*p);
+    }
+    putchar('"');
+}
+
+/* A number JSON can hold: integers as integers, others with 6 significant
+ * digits; non-finite values (a run too short to time) as null. */
+void json_number(double v, int integer) {
+    if (!isfinite(v)) printf("null");
+    else if (integer) printf("%.0f", v);
+    else printf("%.6g", v);
+}
+
+void json_key_str(const char *key, const char *v) {
+    printf(", \"%s\": ", key);
+    if (v) json_string(v);
+    else printf("null");
+}
+
+void json_key_num(const char *key, double v, int integer) {
+    printf(", \"%s\": ", key);
+    json_number(v, integer);
+}
+

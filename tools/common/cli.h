@@ -1,0 +1,107 @@
+/*
+ * cli.h -- helpers shared by the commands of the `sparrow` tool (tools/cli/)
+ * and its server (tools/server/): exit codes, defaults the help texts print,
+ * strict option parsing ("-x VALUE", "--long VALUE", "--long=VALUE"; values
+ * parsed whole and range-checked), errors, files, tokens, JSON.  A thin
+ * client layer over include/sparrow.h; only tools may exit(), and only here
+ * (usage_error) or in a command's main.
+ */
+#ifndef SP_TOOLS_CLI_H
+#define SP_TOOLS_CLI_H
+
+#include "sparrow.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define SPARROW_CLI_VERSION SPARROW_VERSION
+
+enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
+
+/* ---- defaults (the help text prints these very values) -------------------- */
+#define DEF_N_PREDICT 128
+#define DEF_TEMP 0.8
+#define DEF_TOP_K 40
+#define DEF_TOP_P 0.95
+#define DEF_MIN_P 0.05
+#define DEF_REPEAT_PENALTY 1.0
+#define DEF_REPEAT_LAST_N 64
+#define MAX_REPEAT_LAST_N 1048576
+#define MAX_THREADS 1024
+#define MAX_BATCH 65536
+
+/* ---- errors and logging ---------------------------------------------------- */
+
+/* "sparrow: CMD: message" on stderr, then exit(EXIT_USAGE). */
+void usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3), noreturn));
+/* One line for a failed library call (sp_last_error(), or what + the status
+ * name); returns EXIT_RUNTIME. */
+int lib_error(const char *what, sp_status st);
+/* The log callback every command installs: warnings, or everything with -v
+ * (user points at log_verbose). */
+void cli_log(enum sp_log_level level, const char *msg, void *user);
+extern int log_verbose;
+
+/* ---- option parsing ---------------------------------------------------------- */
+
+struct argp {
+    const char *cmd;
+    int argc;
+    char **argv;
+    int i;               /* index of the current argument */
+    const char *inl;     /* the VALUE of "--long=VALUE", else NULL */
+    char name[64];       /* the option as written, without "=VALUE" */
+};
+
+/* Does argv[i] name this option?  Sets name/inl. */
+int opt_is(struct argp *a, const char *short_name, const char *long_name);
+void opt_no_value(struct argp *a);  /* reject "--flag=VALUE" */
+const char *opt_value(struct argp *a);
+long long parse_int(struct argp *a, const char *s, long long lo, long long hi);
+uint64_t parse_u64(struct argp *a, const char *s);
+/* A memory size with an optional binary unit (K, M, G, T; KiB...): > 0. */
+uint64_t parse_size(struct argp *a, const char *s);
+/* A finite number in [lo, hi], or in (lo, hi] when lo_open. */
+double parse_num(struct argp *a, const char *s, double lo, double hi, int lo_open);
+void unknown_option(struct argp *a) __attribute__((noreturn));
+int is_option(const char *arg);
+/* The session options run, bench, plan share: -t, -c, -b, --kv-type.
+ * Returns 1 when argv[i] was one of them. */
+int session_opt(struct argp *a, struct sp_session_params *sp);
+/* The end of every command's option chain: -v, else a usage error. */
+void last_opt(struct argp *a, const char *hint);
+
+/* ---- utilities ------------------------------------------------------------------ */
+
+int default_threads(void);
+const char *kv_type_name(enum sp_kv_type t);
+double now_s(void);
+/* Read a whole file ('-' = stdin); 0, or -1 with a message printed. */
+int read_all(const char *cmd, const char *path, char **out, size_t *len);
+/* Tokenize into a malloc'd array. */
+sp_status tokenize_all(const struct sp_model *m, const char *text, size_t len, unsigned flags, int32_t **out,
+                       int32_t *n_out);
+
+/* A growable byte buffer for token pieces. */
+struct piece_buf {
+    char *p;
+    size_t cap;
+};
+sp_status piece_of(const struct sp_model *m, int32_t tok, struct piece_buf *b, size_t *n);
+sp_status load_model(const char *path, const char *tokenizer, bool vocab_only, uint64_t mem_budget,
+                     struct sp_model **out);
+/* "1.13 MiB", "7.24 B" into buf. */
+const char *human_bytes(uint64_t n, char *buf, size_t cap);
+const char *human_count(uint64_t n, char *buf, size_t cap);
+
+/* ---- JSON output on stdout ---------------------------------------------------- */
+
+void json_string(const char *s);
+/* integers as integers, others %.6g; non-finite as null */
+void json_number(double v, int integer);
+/* ", \"key\": value" */
+void json_key_str(const char *key, const char *v);
+void json_key_num(const char *key, double v, int integer);
+
+#endif /* SP_TOOLS_CLI_H */
