@@ -17,6 +17,7 @@ SP_CLI_COMMAND(bench);
 SP_CLI_COMMAND(plan);
 SP_CLI_COMMAND(eval);
 SP_CLI_COMMAND(quantize);
+SP_CLI_COMMAND(template);
 #undef SP_CLI_COMMAND
 
 #endif /* SP_TOOLS_CMDS_H */

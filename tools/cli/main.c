@@ -33,6 +33,8 @@ static void help_main(FILE *f) {
             "  eval       measure quality: perplexity on a text, KL divergence and top-1\n"
             "             agreement against a reference model\n"
             "  quantize   write a smaller model: mixed-precision types, calibration, pruning\n"
+            "  template   render a conversation with a chat template (the model's, a Jinja\n"
+            "             file or a named formatter) and print the prompt\n"
             "  help [COMMAND]  this text, or a command's options\n"
             "\n"
             "options:\n"
@@ -62,6 +64,7 @@ static const struct {
     {"plan", cmd_plan, help_plan},
     {"eval", cmd_eval, help_eval},
     {"quantize", cmd_quantize, help_quantize},
+    {"template", cmd_template, help_template},
 };
 
 int main(int argc, char **argv) {
