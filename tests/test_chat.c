@@ -327,6 +327,8 @@ static void test_hostile(void) {
     expect_error("runaway loop", "{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}", &small,
                  1, 30, "iterations");
     expect_error("huge range", "{{ range(100000000)|length }}", &small, 0, 0, "iteration limit");
+    expect_error("quadratic work", "{% set l = range(5000)|list %}{% for i in range(5000) %}{% if i in l %}{% endif %}"
+                 "{% endfor %}", &small, 1, 65, "too much work");
     expect_error("recursion", "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", &small, 0, 0, "nested");
     /* deep nesting */
     char *paren = repeat_str("(", 5000, "1"), *close = repeat_str(")", 5000, " }}");

@@ -78,7 +78,8 @@ enum sp_jv_type {
 
 struct sp_jstr {
     size_t len;
-    char s[];  /* len bytes and a NUL */
+    size_t nchars; /* characters: bytes that do not continue a UTF-8 sequence (== len for ASCII) */
+    char s[];      /* len bytes and a NUL */
 };
 
 struct sp_jv;

@@ -602,6 +602,9 @@ static void merge_sort(struct sortctx *c, struct sp_jv *items, struct sp_jv *key
 static bool sorted(struct sp_jrt *rt, const struct sp_jnode *at, const struct sp_jlist *l, const struct sp_jstr *attr,
                    int by, bool fold, bool reverse, struct sp_jlist **out) {
     struct sp_jlist *r;
+    uint64_t log2n = 1;
+    while ((1ull << log2n) < l->n) log2n++;
+    if (!sp_jrt_charge(rt, at, l->n * log2n)) return false;
     if (!mklist(rt, at, l->n, &r)) return false;
     struct sp_jv *keys = sp_jarena_alloc(rt->a, (l->n + 1) * sizeof *keys);
     struct sp_jv *ti = sp_jarena_alloc(rt->a, (l->n + 1) * sizeof *ti);
@@ -873,6 +876,7 @@ bool sp_jinja_filter(struct sp_jrt *rt, const struct sp_jnode *at, int id, struc
                          id == F_REPLACE || id == F_TITLE || id == F_TRIM || id == F_UPPER || id == F_WORDCOUNT ||
                          id == F_FORMAT;
     if (stringy && !sp_jrt_to_str(rt, at, in, &s)) return false;
+    if (!sp_jrt_charge(rt, at, sp_jrt_size(in))) return false;
     switch (id) {
     case F_ABS:
         if (in.type == SP_JV_INT) *out = in.u.i == INT64_MIN ? sp_jv_float(-(double)in.u.i) : sp_jv_int(in.u.i < 0 ? -in.u.i : in.u.i);
@@ -889,7 +893,7 @@ bool sp_jinja_filter(struct sp_jrt *rt, const struct sp_jnode *at, int id, struc
         int64_t w = 80;
         const struct sp_jv *wv = arg(a, 0, "width");
         if (wv && !want_int(rt, at, wv, "center", &w)) return false;
-        const size_t len = sp_jutf8_count(s.u.s->s, s.u.s->len);
+        const size_t len = s.u.s->nchars;
         if (w <= (int64_t)len || w > 4096) {
             *out = s;
             return true;
@@ -962,7 +966,7 @@ bool sp_jinja_filter(struct sp_jrt *rt, const struct sp_jnode *at, int id, struc
     case F_JOIN: return filter_join(rt, at, in, arg(a, 0, "d"), arg(a, 1, "attribute"), out);
     case F_LENGTH:
         switch (in.type) {
-        case SP_JV_STR: *out = sp_jv_int((int64_t)sp_jutf8_count(in.u.s->s, in.u.s->len)); return true;
+        case SP_JV_STR: *out = sp_jv_int((int64_t)in.u.s->nchars); return true;
         case SP_JV_LIST: *out = sp_jv_int((int64_t)in.u.l->n); return true;
         case SP_JV_DICT: *out = sp_jv_int((int64_t)in.u.d->n); return true;
         case SP_JV_UNDEF: *out = sp_jv_int(0); return true;
@@ -1132,6 +1136,7 @@ int sp_jinja_test_id(const char *name, size_t n) {
 bool sp_jinja_test(struct sp_jrt *rt, const struct sp_jnode *at, int id, struct sp_jv in,
                    const struct sp_jargs *a, bool *res) {
     const struct sp_jv *x = arg(a, 0, NULL);
+    if (!sp_jrt_charge(rt, at, sp_jrt_size(in) + (x ? sp_jrt_size(*x) : 0))) return false;
     const uint8_t t = in.type;
     int c;
     switch (id) {
@@ -1241,7 +1246,7 @@ bool sp_jinja_func(struct sp_jrt *rt, const struct sp_jnode *at, int fn, const s
             return sp_jrt_fail(rt, at, SP_E_FORMAT, "range of %.0f items exceeds the iteration limit (%llu)", count,
                                (unsigned long long)rt->ctx->lim.max_iterations);
         struct sp_jlist *l;
-        if (!mklist(rt, at, (size_t)count, &l)) return false;
+        if (!sp_jrt_charge(rt, at, (uint64_t)count) || !mklist(rt, at, (size_t)count, &l)) return false;
         for (size_t i = 0; i < (size_t)count; i++) l->items[l->n++] = sp_jv_int(v[0] + (int64_t)i * v[2]);
         *out = listv(l);
         return true;
@@ -1317,7 +1322,7 @@ static bool str_method(struct sp_jrt *rt, const struct sp_jnode *at, const struc
         if (!strcmp(m, "count")) {
             int64_t c = 0;
             if (n->len == 0) {
-                c = (int64_t)sp_jutf8_count(s->s, s->len) + 1;
+                c = (int64_t)s->nchars + 1;
             } else {
                 for (size_t i = 0; i + n->len <= s->len;) {
                     const char *h = memmem(s->s + i, s->len - i, n->s, n->len);
@@ -1503,6 +1508,9 @@ static bool dict_method(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_
 bool sp_jinja_method(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv recv, const struct sp_jstr *name,
                      const struct sp_jargs *args, struct sp_jv *out, bool *found) {
     *found = false;
+    uint64_t units = sp_jrt_size(recv);
+    for (uint32_t i = 0; i < args->n_pos; i++) units += sp_jrt_size(args->pos[i]);
+    if (!sp_jrt_charge(rt, at, units)) return false;
     switch (recv.type) {
     case SP_JV_STR: return str_method(rt, at, recv.u.s, name->s, args, out, found);
     case SP_JV_LIST: return list_method(rt, at, recv.u.l, name->s, args, out, found);

@@ -51,6 +51,23 @@ bool sp_jrt_tick(struct sp_jrt *rt, const struct sp_jnode *at) {
     return true;
 }
 
+uint64_t sp_jrt_size(struct sp_jv v) {
+    switch (v.type) {
+    case SP_JV_STR: return v.u.s->len / 64;
+    case SP_JV_LIST: return v.u.l->n;
+    case SP_JV_DICT: return v.u.d->n;
+    default: return 0;
+    }
+}
+
+bool sp_jrt_charge(struct sp_jrt *rt, const struct sp_jnode *at, uint64_t units) {
+    rt->work += units + 1;
+    if (rt->work / 256 > rt->ctx->lim.max_iterations)
+        return sp_jrt_fail(rt, at, SP_E_FORMAT, "the template does too much work (more than %llu steps over lists "
+                           "and strings; a runaway loop?)", (unsigned long long)rt->ctx->lim.max_iterations * 256);
+    return true;
+}
+
 static bool enter(struct sp_jrt *rt, const struct sp_jnode *at) {
     if (++rt->depth > 5 * rt->ctx->lim.max_depth)
         return sp_jrt_fail(rt, at, SP_E_FORMAT, "evaluation nested more than %u levels deep (runaway recursion?)",
@@ -142,11 +159,12 @@ bool sp_jrt_getitem(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv o
             if (i >= 0 && i < n) *out = obj.u.l->items[i];
         } else {
             const struct sp_jstr *s = obj.u.s;
-            const int64_t n = (int64_t)sp_jutf8_count(s->s, s->len);
+            const int64_t n = (int64_t)s->nchars;
             if (i < 0) i += n;
             if (i >= 0 && i < n) {
-                const size_t b = sp_jutf8_offset(s->s, s->len, (size_t)i);
-                const size_t e = sp_jutf8_offset(s->s, s->len, (size_t)i + 1);
+                if (s->nchars != s->len && !sp_jrt_charge(rt, at, s->len / 64)) return false;
+                const size_t b = sp_jstr_offset(s, (size_t)i);
+                const size_t e = sp_jstr_offset(s, (size_t)i + 1);
                 if (!sp_jv_str(rt->a, s->s + b, e - b, out)) return sp_jrt_oom(rt, at);
             }
         }
@@ -205,6 +223,7 @@ bool sp_jrt_compare(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv a
 /* x in container */
 static bool contains(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv x, struct sp_jv c, bool *res) {
     *res = false;
+    if (!sp_jrt_charge(rt, at, sp_jrt_size(c))) return false;
     switch (c.type) {
     case SP_JV_STR:
         if (x.type != SP_JV_STR)
@@ -236,6 +255,7 @@ static bool repeat(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv se
         if (n && (uint64_t)times > rt->ctx->lim.max_output / n)
             return sp_jrt_fail(rt, at, SP_E_FORMAT, "a string longer than %zu bytes (the output limit)",
                                rt->ctx->lim.max_output);
+        if (!sp_jrt_charge(rt, at, n * (uint64_t)times / 64)) return false;
         char *buf = sp_jarena_alloc(rt->a, n * (size_t)times + 1);
         if (!buf) return sp_jrt_oom(rt, at);
         for (int64_t i = 0; i < times; i++) memcpy(buf + (size_t)i * n, seq.u.s->s, n);
@@ -244,6 +264,7 @@ static bool repeat(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv se
     const size_t n = seq.u.l->n;
     if (n && (uint64_t)times > rt->ctx->lim.max_iterations / n)
         return sp_jrt_fail(rt, at, SP_E_FORMAT, "a list of more than %llu items", (unsigned long long)rt->ctx->lim.max_iterations);
+    if (!sp_jrt_charge(rt, at, n * (uint64_t)times)) return false;
     struct sp_jlist *l = sp_jlist_new(rt->a, n * (size_t)times);
     if (!l) return sp_jrt_oom(rt, at);
     for (int64_t i = 0; i < times; i++)
@@ -269,10 +290,12 @@ static bool arith(struct sp_jrt *rt, const struct sp_jnode *at, int op, struct s
             if (n > rt->ctx->lim.max_output)
                 return sp_jrt_fail(rt, at, SP_E_FORMAT, "a string longer than %zu bytes (the output limit)",
                                    rt->ctx->lim.max_output);
+            if (!sp_jrt_charge(rt, at, n / 64)) return false;
             char *buf = sp_jarena_alloc(rt->a, sizeof(struct sp_jstr) + n + 1);
             if (!buf) return sp_jrt_oom(rt, at);
             struct sp_jstr *s = (struct sp_jstr *)buf;
             s->len = n;
+            s->nchars = a.u.s->nchars + b.u.s->nchars;
             memcpy(s->s, a.u.s->s, a.u.s->len);
             memcpy(s->s + a.u.s->len, b.u.s->s, b.u.s->len);
             s->s[n] = '\0';
@@ -280,6 +303,7 @@ static bool arith(struct sp_jrt *rt, const struct sp_jnode *at, int op, struct s
             return true;
         }
         if (a.type == SP_JV_LIST && b.type == SP_JV_LIST) {
+            if (!sp_jrt_charge(rt, at, a.u.l->n + b.u.l->n)) return false;
             struct sp_jlist *l = sp_jlist_new(rt->a, a.u.l->n + b.u.l->n);
             if (!l) return sp_jrt_oom(rt, at);
             for (size_t i = 0; i < a.u.l->n; i++) l->items[l->n++] = a.u.l->items[i];
@@ -485,7 +509,8 @@ static bool eval_slice(struct sp_jrt *rt, const struct sp_jnode *n, struct sp_js
     }
     if (obj.type != SP_JV_LIST && obj.type != SP_JV_STR)
         return sp_jrt_fail(rt, n, SP_E_FORMAT, "cannot slice a %s", sp_jv_type_name(obj));
-    const int64_t len = obj.type == SP_JV_LIST ? (int64_t)obj.u.l->n : (int64_t)sp_jutf8_count(obj.u.s->s, obj.u.s->len);
+    const int64_t len = obj.type == SP_JV_LIST ? (int64_t)obj.u.l->n : (int64_t)obj.u.s->nchars;
+    if (!sp_jrt_charge(rt, n, sp_jrt_size(obj))) return false;
     const int64_t step = part[2].type == SP_JV_NONE ? 1 : as_int(part[2]);
     if (step == 0) return sp_jrt_fail(rt, n, SP_E_FORMAT, "slice step cannot be zero");
     int64_t start, stop;
@@ -515,13 +540,13 @@ static bool eval_slice(struct sp_jrt *rt, const struct sp_jnode *n, struct sp_js
     }
     const struct sp_jstr *s = obj.u.s;
     if (step == 1) {
-        const size_t b = sp_jutf8_offset(s->s, s->len, (size_t)start);
-        const size_t e = stop > start ? sp_jutf8_offset(s->s, s->len, (size_t)stop) : b;
+        const size_t b = sp_jstr_offset(s, (size_t)start);
+        const size_t e = stop > start ? sp_jstr_offset(s, (size_t)stop) : b;
         return sp_jv_str(rt->a, s->s + b, e - b, out) || sp_jrt_oom(rt, n);
     }
     struct sp_jbuf b = {.limit = rt->ctx->lim.max_output};
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-        const size_t cb = sp_jutf8_offset(s->s, s->len, (size_t)i), ce = sp_jutf8_offset(s->s, s->len, (size_t)i + 1);
+        const size_t cb = sp_jstr_offset(s, (size_t)i), ce = sp_jstr_offset(s, (size_t)i + 1);
         sp_jbuf_put(&b, s->s + cb, ce - cb);
     }
     const bool ok = !b.over && sp_jv_str(rt->a, b.p ? b.p : "", b.n, out);
@@ -600,8 +625,11 @@ static bool eval_inner(struct sp_jrt *rt, const struct sp_jnode *n, struct sp_js
         }
         if (!sp_jrt_eval(rt, n->b, sc, &b)) return false;
         switch (n->op) {
-        case SP_JOP_EQ: *out = sp_jv_bool(sp_jv_equal(a, b, VALUE_DEPTH)); return true;
-        case SP_JOP_NE: *out = sp_jv_bool(!sp_jv_equal(a, b, VALUE_DEPTH)); return true;
+        case SP_JOP_EQ:
+        case SP_JOP_NE:
+            if (!sp_jrt_charge(rt, n, sp_jrt_size(a))) return false;
+            *out = sp_jv_bool(sp_jv_equal(a, b, VALUE_DEPTH) == (n->op == SP_JOP_EQ));
+            return true;
         case SP_JOP_LT: case SP_JOP_LE: case SP_JOP_GT: case SP_JOP_GE: {
             int c;
             if (!sp_jrt_compare(rt, n, a, b, &c)) return false;
@@ -688,6 +716,7 @@ static bool capture(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jnod
 
 /* The items a for loop walks: a list's items, a dict's keys, a string's characters. */
 static bool iter_items(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv v, struct sp_jlist **out) {
+    if (!sp_jrt_charge(rt, at, sp_jrt_size(v))) return false;
     switch (v.type) {
     case SP_JV_LIST: {
         struct sp_jlist *l = sp_jlist_new(rt->a, v.u.l->n); /* a snapshot: appending in the body does not loop forever */
@@ -706,7 +735,7 @@ static bool iter_items(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_j
     }
     case SP_JV_STR: {
         const struct sp_jstr *s = v.u.s;
-        struct sp_jlist *l = sp_jlist_new(rt->a, sp_jutf8_count(s->s, s->len));
+        struct sp_jlist *l = sp_jlist_new(rt->a, s->nchars);
         if (!l) return sp_jrt_oom(rt, at);
         for (size_t i = 0; i < s->len;) {
             size_t j = i + 1;

@@ -126,6 +126,7 @@ struct sp_jrt {
     struct sp_jinja_error *err;
     bool failed;
     uint64_t iterations;
+    uint64_t work;           /* items and bytes the builtins walked (see sp_jrt_charge) */
     uint32_t depth;
 };
 
@@ -143,6 +144,12 @@ bool sp_jrt_call(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv fn, 
                  struct sp_jv *out);
 /* Count one loop iteration or macro call against the limit. */
 bool sp_jrt_tick(struct sp_jrt *rt, const struct sp_jnode *at);
+/* Charge work proportional to the size of what an operation walks (items
+ * of a list or dict, bytes / 64 of a string), so that a loop inside the
+ * iteration limit cannot spend unbounded time in builtins: the budget is
+ * 256 x max_iterations.  The size of v, and v itself charged. */
+bool sp_jrt_charge(struct sp_jrt *rt, const struct sp_jnode *at, uint64_t units);
+uint64_t sp_jrt_size(struct sp_jv v);
 
 /* str(v) as a new string value. */
 bool sp_jrt_to_str(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv v, struct sp_jv *out);
@@ -198,5 +205,10 @@ bool sp_jrt_getitem(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv o
 size_t sp_jutf8_count(const char *s, size_t n);
 /* Byte offset of character index ci (clamped to n). */
 size_t sp_jutf8_offset(const char *s, size_t n, size_t ci);
+/* The same for a string value: constant time when it is ASCII. */
+static inline size_t sp_jstr_offset(const struct sp_jstr *s, size_t ci) {
+    if (s->nchars == s->len) return ci < s->len ? ci : s->len;
+    return sp_jutf8_offset(s->s, s->len, ci);
+}
 
 #endif /* SP_CHAT_JINJA_INTERNAL_H */

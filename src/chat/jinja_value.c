@@ -80,6 +80,7 @@ const struct sp_jstr *sp_jstr_new(struct sp_jarena *a, const char *s, size_t n) 
     struct sp_jstr *r = sp_jarena_alloc(a, sizeof *r + n + 1);
     if (!r) return NULL;
     r->len = n;
+    r->nchars = sp_jutf8_count(s, n);
     if (n) memcpy(r->s, s, n);
     r->s[n] = '\0';
     return r;
