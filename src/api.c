@@ -315,13 +315,9 @@ sp_status sp_chat_apply(const struct sp_model *m, const struct sp_chat_params *p
         .add_assistant = p.add_assistant,
         .strip_bos = m && !p.keep_bos && v->add_bos,
         .strip_eos = m && !p.keep_bos && v->add_eos,
-        .lim = {.max_output = p.max_output, .max_iterations = p.max_iterations},
+        .lim = sp_jinja_limits_or_default(&(struct sp_jinja_limits){.max_output = p.max_output,
+                                                                     .max_iterations = p.max_iterations}),
     };
-    const struct sp_jinja_limits d = sp_jinja_default_limits();
-    if (!r.lim.max_output) r.lim.max_output = d.max_output;
-    if (!r.lim.max_iterations) r.lim.max_iterations = d.max_iterations;
-    r.lim.max_memory = d.max_memory;
-    r.lim.max_depth = d.max_depth;
     char *out = NULL;
     size_t out_len = 0;
     sp_status rc = sp_chat_render(&r, &out, &out_len);

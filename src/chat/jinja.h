@@ -38,6 +38,8 @@ struct sp_jinja_limits {
     uint32_t max_depth;      /* nesting: syntax while parsing, evaluation and macro calls while rendering */
 };
 struct sp_jinja_limits sp_jinja_default_limits(void);
+/* *lim (or nothing, when NULL) with every zero field set to its default. */
+struct sp_jinja_limits sp_jinja_limits_or_default(const struct sp_jinja_limits *lim);
 
 struct sp_jinja_error {
     sp_status st;     /* SP_E_FORMAT (syntax, runtime, limits), SP_E_UNSUPPORTED, SP_E_NOMEM */

@@ -875,12 +875,7 @@ static bool exec_body(struct sp_jrt *rt, struct sp_jnode *const *kids, uint32_t 
 
 bool sp_jinja_ctx_init(struct sp_jinja_ctx *ctx, const struct sp_jinja_limits *lim) {
     memset(ctx, 0, sizeof *ctx);
-    const struct sp_jinja_limits d = sp_jinja_default_limits();
-    ctx->lim = lim ? *lim : d;
-    if (!ctx->lim.max_output) ctx->lim.max_output = d.max_output;
-    if (!ctx->lim.max_memory) ctx->lim.max_memory = d.max_memory;
-    if (!ctx->lim.max_iterations) ctx->lim.max_iterations = d.max_iterations;
-    if (!ctx->lim.max_depth) ctx->lim.max_depth = d.max_depth;
+    ctx->lim = sp_jinja_limits_or_default(lim);
     ctx->arena.limit = ctx->lim.max_memory;
     ctx->vars = sp_jdict_new(&ctx->arena, 8);
     return ctx->vars != NULL;

@@ -130,30 +130,6 @@ static bool is_digit(char c) {
     return c >= '0' && c <= '9';
 }
 
-static size_t utf8_put(uint32_t c, char *o) {
-    if (c > 0x10ffff || (c >= 0xd800 && c < 0xe000)) c = 0xfffd;
-    if (c < 0x80) {
-        o[0] = (char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        o[0] = (char)(0xc0 | (c >> 6));
-        o[1] = (char)(0x80 | (c & 0x3f));
-        return 2;
-    }
-    if (c < 0x10000) {
-        o[0] = (char)(0xe0 | (c >> 12));
-        o[1] = (char)(0x80 | ((c >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (c & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | (c >> 18));
-    o[1] = (char)(0x80 | ((c >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((c >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (c & 0x3f));
-    return 4;
-}
-
 static int hexdigit(char c) {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
@@ -199,7 +175,7 @@ static bool lex_string(struct lx *l, struct sp_jtok *k) {
                 v = v * 16 + (uint32_t)hexdigit(l->src[i + d]);
             if (d < nd) return lx_fail(l, k->line, k->col, "bad \\%c escape in a string", e);
             i += (size_t)nd;
-            o += utf8_put(v, buf + o);
+            o += sp_utf8_put(v >= 0xd800 && v < 0xe000 ? 0xfffd : v, buf + o);
             break;
         }
         default:
@@ -207,7 +183,7 @@ static bool lex_string(struct lx *l, struct sp_jtok *k) {
                 uint32_t v = (uint32_t)(e - '0');
                 for (int d = 0; d < 2 && i < end && l->src[i] >= '0' && l->src[i] <= '7'; d++, i++)
                     v = v * 8 + (uint32_t)(l->src[i] - '0');
-                o += utf8_put(v, buf + o);
+                o += sp_utf8_put(v >= 0xd800 && v < 0xe000 ? 0xfffd : v, buf + o);
             } else {
                 buf[o++] = '\\';
                 i--; /* the character itself is read again as text */

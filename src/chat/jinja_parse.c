@@ -120,28 +120,33 @@ struct svec {
     uint32_t n, cap;
 };
 
-static bool nvec_push(struct ps *p, struct nvec *v, struct sp_jnode *x) {
-    if (v->n == v->cap) {
-        const uint32_t cap = v->cap ? v->cap * 2 : 4;
-        struct sp_jnode **q = sp_jarena_alloc(p->a, cap * sizeof *q);
-        if (!q) return fail_at(p, cur(p), SP_E_NOMEM, "out of memory");
-        if (v->n) memcpy(q, v->p, v->n * sizeof *q);
-        v->p = q;
-        v->cap = cap;
+/* elems with room for one more than n (doubling into a new arena block,
+ * the old contents copied); NULL on failure. */
+static void *grow(struct ps *p, void *elems, uint32_t n, uint32_t *cap, size_t elem) {
+    if (n < *cap) return elems;
+    const uint32_t nc = *cap ? *cap * 2 : 4;
+    void *q = sp_jarena_alloc(p->a, nc * elem);
+    if (!q) {
+        fail_at(p, cur(p), SP_E_NOMEM, "out of memory");
+        return NULL;
     }
+    if (n) memcpy(q, elems, n * elem);
+    *cap = nc;
+    return q;
+}
+
+static bool nvec_push(struct ps *p, struct nvec *v, struct sp_jnode *x) {
+    struct sp_jnode **q = grow(p, v->p, v->n, &v->cap, sizeof *q);
+    if (!q) return false;
+    v->p = q;
     v->p[v->n++] = x;
     return true;
 }
 
 static bool svec_push(struct ps *p, struct svec *v, const struct sp_jstr *x) {
-    if (v->n == v->cap) {
-        const uint32_t cap = v->cap ? v->cap * 2 : 4;
-        const struct sp_jstr **q = sp_jarena_alloc(p->a, cap * sizeof *q);
-        if (!q) return fail_at(p, cur(p), SP_E_NOMEM, "out of memory");
-        if (v->n) memcpy(q, v->p, v->n * sizeof *q);
-        v->p = q;
-        v->cap = cap;
-    }
+    const struct sp_jstr **q = grow(p, (void *)v->p, v->n, &v->cap, sizeof *q);
+    if (!q) return false;
+    v->p = q;
     v->p[v->n++] = x;
     return true;
 }
@@ -502,46 +507,23 @@ static struct sp_jnode *parse_unary(struct ps *p, bool with_filter) {
     return n;
 }
 
-static struct sp_jnode *parse_pow(struct ps *p) {
-    struct sp_jnode *l = parse_unary(p, true);
-    while (l && is_op(cur(p), SP_JOP_POW)) {
-        const struct sp_jtok *t = cur(p);
-        next(p);
-        struct sp_jnode *r = parse_unary(p, true);
-        l = r ? binary(p, t, SP_JOP_POW, l, r) : NULL;
-    }
-    return l;
+/* The arithmetic levels, loosest first: + -, ~, * / // %, **; each is a
+ * left-associative chain of the next (the last of unary expressions). */
+static const uint8_t k_arith[4][4] = {
+    {SP_JOP_ADD, SP_JOP_SUB}, {SP_JOP_TILDE}, {SP_JOP_MUL, SP_JOP_DIV, SP_JOP_FLOORDIV, SP_JOP_MOD}, {SP_JOP_POW}};
+
+static bool at_level(const struct sp_jtok *t, int level) {
+    for (int k = 0; k < 4 && k_arith[level][k]; k++)
+        if (is_op(t, k_arith[level][k])) return true;
+    return false;
 }
 
-static struct sp_jnode *parse_math2(struct ps *p) {
-    struct sp_jnode *l = parse_pow(p);
-    while (l && (is_op(cur(p), SP_JOP_MUL) || is_op(cur(p), SP_JOP_DIV) || is_op(cur(p), SP_JOP_FLOORDIV) ||
-                 is_op(cur(p), SP_JOP_MOD))) {
+static struct sp_jnode *parse_arith(struct ps *p, int level) {
+    struct sp_jnode *l = level == 3 ? parse_unary(p, true) : parse_arith(p, level + 1);
+    while (l && at_level(cur(p), level)) {
         const struct sp_jtok *t = cur(p);
         next(p);
-        struct sp_jnode *r = parse_pow(p);
-        l = r ? binary(p, t, t->op, l, r) : NULL;
-    }
-    return l;
-}
-
-static struct sp_jnode *parse_concat(struct ps *p) {
-    struct sp_jnode *l = parse_math2(p);
-    while (l && is_op(cur(p), SP_JOP_TILDE)) {
-        const struct sp_jtok *t = cur(p);
-        next(p);
-        struct sp_jnode *r = parse_math2(p);
-        l = r ? binary(p, t, SP_JOP_TILDE, l, r) : NULL;
-    }
-    return l;
-}
-
-static struct sp_jnode *parse_math1(struct ps *p) {
-    struct sp_jnode *l = parse_concat(p);
-    while (l && (is_op(cur(p), SP_JOP_ADD) || is_op(cur(p), SP_JOP_SUB))) {
-        const struct sp_jtok *t = cur(p);
-        next(p);
-        struct sp_jnode *r = parse_concat(p);
+        struct sp_jnode *r = level == 3 ? parse_unary(p, true) : parse_arith(p, level + 1);
         l = r ? binary(p, t, t->op, l, r) : NULL;
     }
     return l;
@@ -549,7 +531,7 @@ static struct sp_jnode *parse_math1(struct ps *p) {
 
 /* Comparisons; a chain a < b < c becomes (a < b) and (b < c). */
 static struct sp_jnode *parse_compare(struct ps *p) {
-    struct sp_jnode *l = parse_math1(p), *result = NULL;
+    struct sp_jnode *l = parse_arith(p, 0), *result = NULL;
     if (!l) return NULL;
     for (;;) {
         const struct sp_jtok *t = cur(p);
@@ -567,7 +549,7 @@ static struct sp_jnode *parse_compare(struct ps *p) {
         } else {
             break;
         }
-        struct sp_jnode *r = parse_math1(p);
+        struct sp_jnode *r = parse_arith(p, 0);
         if (!r) return NULL;
         struct sp_jnode *c = binary(p, t, op, l, r);
         if (!c) return NULL;
@@ -593,24 +575,15 @@ static struct sp_jnode *parse_not(struct ps *p) {
     return parse_compare(p);
 }
 
-static struct sp_jnode *parse_and(struct ps *p) {
-    struct sp_jnode *l = parse_not(p);
-    while (l && is_kw(cur(p), "and")) {
+/* a and b and ...  (is_or false) / a or b or ...  (is_or true) */
+static struct sp_jnode *parse_logic(struct ps *p, bool is_or) {
+    const char *kw = is_or ? "or" : "and";
+    struct sp_jnode *l = is_or ? parse_logic(p, false) : parse_not(p);
+    while (l && is_kw(cur(p), kw)) {
         const struct sp_jtok *t = cur(p);
         next(p);
-        struct sp_jnode *r = parse_not(p);
-        l = r ? binary(p, t, SP_JOP_AND, l, r) : NULL;
-    }
-    return l;
-}
-
-static struct sp_jnode *parse_or(struct ps *p) {
-    struct sp_jnode *l = parse_and(p);
-    while (l && is_kw(cur(p), "or")) {
-        const struct sp_jtok *t = cur(p);
-        next(p);
-        struct sp_jnode *r = parse_and(p);
-        l = r ? binary(p, t, SP_JOP_OR, l, r) : NULL;
+        struct sp_jnode *r = is_or ? parse_logic(p, false) : parse_not(p);
+        l = r ? binary(p, t, is_or ? SP_JOP_OR : SP_JOP_AND, l, r) : NULL;
     }
     return l;
 }
@@ -619,11 +592,11 @@ static struct sp_jnode *parse_or(struct ps *p) {
  * whose "if" filters the loop). */
 static struct sp_jnode *parse_expr(struct ps *p, bool with_cond) {
     if (!enter(p)) return NULL;
-    struct sp_jnode *e = parse_or(p);
+    struct sp_jnode *e = parse_logic(p, true);
     while (e && with_cond && is_kw(cur(p), "if")) {
         const struct sp_jtok *t = cur(p);
         next(p);
-        struct sp_jnode *c = parse_or(p), *n;
+        struct sp_jnode *c = parse_logic(p, true), *n;
         if (!c || !(n = node(p, SP_JN_COND, t))) return NULL;
         n->a = c;
         n->b = e;
@@ -993,6 +966,17 @@ struct sp_jinja_limits sp_jinja_default_limits(void) {
         .max_output = 64u << 20, .max_memory = 256u << 20, .max_iterations = 1000000, .max_depth = 200};
 }
 
+/* lim (NULL = none given) with every zero field replaced by its default. */
+struct sp_jinja_limits sp_jinja_limits_or_default(const struct sp_jinja_limits *lim) {
+    const struct sp_jinja_limits d = sp_jinja_default_limits();
+    struct sp_jinja_limits r = lim ? *lim : d;
+    if (!r.max_output) r.max_output = d.max_output;
+    if (!r.max_memory) r.max_memory = d.max_memory;
+    if (!r.max_iterations) r.max_iterations = d.max_iterations;
+    if (!r.max_depth) r.max_depth = d.max_depth;
+    return r;
+}
+
 /* Compile src (see jinja.h). */
 sp_status sp_jinja_parse(const char *src, size_t len, const struct sp_jinja_limits *lim,
                          struct sp_jinja_program **out, struct sp_jinja_error *err) {
@@ -1004,12 +988,7 @@ sp_status sp_jinja_parse(const char *src, size_t len, const struct sp_jinja_limi
         snprintf(err->msg, sizeof err->msg, "out of memory");
         return SP_E_NOMEM;
     }
-    const struct sp_jinja_limits d = sp_jinja_default_limits();
-    prog->lim = lim ? *lim : d;
-    if (!prog->lim.max_output) prog->lim.max_output = d.max_output;
-    if (!prog->lim.max_memory) prog->lim.max_memory = d.max_memory;
-    if (!prog->lim.max_iterations) prog->lim.max_iterations = d.max_iterations;
-    if (!prog->lim.max_depth) prog->lim.max_depth = d.max_depth;
+    prog->lim = sp_jinja_limits_or_default(lim);
     prog->arena.limit = prog->lim.max_memory;
 
     struct sp_jtoks toks = {0};

@@ -621,29 +621,6 @@ static void jin_ws(struct jin *j) {
         j->pos++;
 }
 
-static size_t put_utf8(uint32_t c, char *o) {
-    if (c < 0x80) {
-        o[0] = (char)c;
-        return 1;
-    }
-    if (c < 0x800) {
-        o[0] = (char)(0xc0 | (c >> 6));
-        o[1] = (char)(0x80 | (c & 0x3f));
-        return 2;
-    }
-    if (c < 0x10000) {
-        o[0] = (char)(0xe0 | (c >> 12));
-        o[1] = (char)(0x80 | ((c >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (c & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | (c >> 18));
-    o[1] = (char)(0x80 | ((c >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((c >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (c & 0x3f));
-    return 4;
-}
-
 static int hex4(const char *s) {
     int v = 0;
     for (int i = 0; i < 4; i++) {
@@ -696,7 +673,7 @@ static bool jin_string(struct jin *j, struct sp_jv *out) {
                 }
             }
             if (cp >= 0xd800 && cp < 0xe000) cp = 0xfffd; /* a lone surrogate */
-            k += put_utf8((uint32_t)cp, buf + k);
+            k += sp_utf8_put((uint32_t)cp, buf + k);
             break;
         }
         default: j->pos -= 1; return jin_fail(j, "bad escape");

@@ -596,30 +596,6 @@ static uint32_t lax_cpt(const uint8_t *s, size_t n, size_t *used) {
     return 0xFFFD;
 }
 
-static size_t put_utf8(uint32_t c, char *o) {
-    if (c > 0x10FFFF) c = 0xFFFD;
-    if (c <= 0x7f) {
-        o[0] = (char)c;
-        return 1;
-    }
-    if (c <= 0x7ff) {
-        o[0] = (char)(0xc0 | (c >> 6));
-        o[1] = (char)(0x80 | (c & 0x3f));
-        return 2;
-    }
-    if (c <= 0xffff) {
-        o[0] = (char)(0xe0 | (c >> 12));
-        o[1] = (char)(0x80 | ((c >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (c & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | (c >> 18));
-    o[1] = (char)(0x80 | ((c >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((c >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (c & 0x3f));
-    return 4;
-}
-
 static int hexval(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -661,7 +637,7 @@ static void piece_emit(const struct sp_tokenizer *t, int32_t id, struct emit *e)
                 emit_bytes(e, &b, 1);
             } else {
                 char u[4], hx[9];
-                const size_t k = put_utf8(c, u);
+                const size_t k = sp_utf8_put(c, u);
                 for (size_t j = 0; j < k; j++) {
                     static const char digits[] = "0123456789abcdef";
                     hx[2 * j] = digits[(uint8_t)u[j] >> 4];
