@@ -361,6 +361,82 @@ static void test_hostile(void) {
     free(got);
 }
 
+/* A reasoning + tool-calling template of the shape Qwen3-style models use
+ * (written for this test): the last user query found by a reversed loop
+ * with a namespace, <think> blocks split out of earlier answers, tool calls
+ * as JSON, consecutive tool results merged into one turn, enable_thinking. */
+static const char k_tools_tmpl[] =
+    "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{%- endif %}\n"
+    "{%- set ns = namespace(last_user=-1) %}\n"
+    "{%- for m in messages[::-1] %}\n"
+    "    {%- set i = (messages|length - 1) - loop.index0 %}\n"
+    "    {%- if m.role == 'user' and ns.last_user < 0 %}{% set ns.last_user = i %}{% endif %}\n"
+    "{%- endfor %}\n"
+    "{%- for m in messages %}\n"
+    "    {%- set content = m.content if m.content is string else '' %}\n"
+    "    {%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}\n"
+    "        {{- '<|im_start|>' + m.role + '\n' + content + '<|im_end|>\n' }}\n"
+    "    {%- elif m.role == 'assistant' %}\n"
+    "        {%- set think = '' %}\n"
+    "        {%- if '</think>' in content %}\n"
+    "            {%- set think = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}\n"
+    "            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}\n"
+    "        {%- endif %}\n"
+    "        {{- '<|im_start|>assistant\n' }}\n"
+    "        {%- if think and loop.index0 > ns.last_user %}{{ '<think>' + think + '</think>' }}{% endif %}\n"
+    "        {{- content }}\n"
+    "        {%- for call in m.tool_calls | default([]) %}\n"
+    "            {%- set call = call.function if call.function is defined else call %}\n"
+    "            {{- ('\n' if content or not loop.first else '') + '<tool_call>' }}\n"
+    "            {{- {'name': call.name, 'arguments': call.arguments}|tojson }}\n"
+    "            {{- '</tool_call>' }}\n"
+    "        {%- endfor %}\n"
+    "        {{- '<|im_end|>\n' }}\n"
+    "    {%- elif m.role == 'tool' %}\n"
+    "        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{% endif %}\n"
+    "        {{- '\n<tool_response>' + content + '</tool_response>' }}\n"
+    "        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{% endif %}\n"
+    "    {%- endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}\n"
+    "    {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{% endif %}\n"
+    "{%- endif %}\n";
+
+static void test_tool_template(void) {
+    struct sp_chat_params p = sp_chat_default_params();
+    p.tmpl = k_tools_tmpl;
+    p.messages_json =
+        "[{\"role\": \"system\", \"content\": \"You are Q.\"}, {\"role\": \"user\", \"content\": \"Weather?\"},"
+        " {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"get\","
+        " \"arguments\": {\"city\": \"NYC\", \"days\": 2}}}, {\"name\": \"time\", \"arguments\": {}}]},"
+        " {\"role\": \"tool\", \"content\": \"72F\"}, {\"role\": \"tool\", \"content\": \"noon\"},"
+        " {\"role\": \"assistant\", \"content\": \"<think>\\nwarm\\n</think>\\n\\nIt is 72F.\"},"
+        " {\"role\": \"user\", \"content\": \"Thanks\"}]";
+    p.vars_json = "{\"enable_thinking\": false}";
+    static const char want[] =
+        "<|im_start|>system\nYou are Q.<|im_end|>\n"
+        "<|im_start|>user\nWeather?<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>{\"name\": \"get\", \"arguments\": {\"city\": \"NYC\", \"days\": 2}}</tool_call>"
+        "\n<tool_call>{\"name\": \"time\", \"arguments\": {}}</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>72F</tool_response>\n<tool_response>noon</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\nIt is 72F.<|im_end|>\n"
+        "<|im_start|>user\nThanks<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    sp_status rc;
+    char *got = render(NULL, &p, NULL, 0, &rc);
+    CHECKF(got && strcmp(got, want) == 0, "tool template: %s", got ? "wrong output" : sp_last_error());
+    if (got && strcmp(got, want) != 0) show_diff("tool template", want, got);
+    free(got);
+    /* the last answer after the last user turn keeps its reasoning */
+    p.messages_json = "[{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"<think>hm</think>Yo\"}]";
+    p.vars_json = NULL;
+    p.add_assistant = false;
+    got = render(NULL, &p, NULL, 0, &rc);
+    CHECKF(got && strcmp(got, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>hm</think>Yo<|im_end|>\n") == 0,
+           "tool template, reasoning kept: %s", got ? got : sp_last_error());
+    free(got);
+}
+
 /* ---- the API: buffers, names, engines, variables ---------------------------------------- */
 
 static void test_api(void) {
@@ -560,6 +636,7 @@ int main(void) {
     test_cases();
     test_features();
     test_hostile();
+    test_tool_template();
     test_api();
     test_model_template();
     printf("%d checks, %d failed\n", test_checks, test_failures);

@@ -654,6 +654,7 @@ static const struct {
     {"upper", F_UPPER},     {"wordcount", F_WORDCOUNT},
 };
 
+/* The id of filter name[0..n) (aliases share one), -1 if there is none. */
 int sp_jinja_filter_id(const char *name, size_t n) {
     for (size_t i = 0; i < SP_ARRAY_LEN(k_filters); i++)
         if (strlen(k_filters[i].name) == n && memcmp(k_filters[i].name, name, n) == 0) return k_filters[i].id;
@@ -867,6 +868,7 @@ static bool escape_html(struct sp_jrt *rt, const struct sp_jnode *at, const stru
     return from_buf(rt, at, &b, out);
 }
 
+/* in | filter(args) into *out; false with the error recorded at at. */
 bool sp_jinja_filter(struct sp_jrt *rt, const struct sp_jnode *at, int id, struct sp_jv in,
                      const struct sp_jargs *a, struct sp_jv *out) {
     struct sp_jlist *items, *r;
@@ -1127,12 +1129,14 @@ static const struct {
     {"true", T_TRUE},       {"undefined", T_UNDEFINED}, {"upper", T_UPPER},
 };
 
+/* The id of test name[0..n) (aliases and symbols share one), -1 if none. */
 int sp_jinja_test_id(const char *name, size_t n) {
     for (size_t i = 0; i < SP_ARRAY_LEN(k_tests); i++)
         if (strlen(k_tests[i].name) == n && memcmp(k_tests[i].name, name, n) == 0) return k_tests[i].id;
     return -1;
 }
 
+/* in is test(args) into *res; false with the error recorded at at. */
 bool sp_jinja_test(struct sp_jrt *rt, const struct sp_jnode *at, int id, struct sp_jv in,
                    const struct sp_jargs *a, bool *res) {
     const struct sp_jv *x = arg(a, 0, NULL);
@@ -1224,12 +1228,14 @@ static const char *const k_funcs[SP_JF_COUNT] = {
     [SP_JF_RANGE] = "range", [SP_JF_NAMESPACE] = "namespace", [SP_JF_RAISE] = "raise_exception",
     [SP_JF_DICT] = "dict", [SP_JF_STRFTIME] = "strftime_now"};
 
+/* The id of global function name[0..n), -1 if none. */
 int sp_jinja_func_id(const char *name, size_t n) {
     for (int i = 0; i < SP_JF_COUNT; i++)
         if (strlen(k_funcs[i]) == n && memcmp(k_funcs[i], name, n) == 0) return i;
     return -1;
 }
 
+/* A global function call (range, namespace, dict, raise_exception, strftime_now). */
 bool sp_jinja_func(struct sp_jrt *rt, const struct sp_jnode *at, int fn, const struct sp_jargs *a,
                    struct sp_jv *out) {
     switch (fn) {
@@ -1505,6 +1511,7 @@ static bool dict_method(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_
     return true;
 }
 
+/* recv.name(args) for strings, lists, dicts and the loop object (see jinja_internal.h). */
 bool sp_jinja_method(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv recv, const struct sp_jstr *name,
                      const struct sp_jargs *args, struct sp_jv *out, bool *found) {
     *found = false;

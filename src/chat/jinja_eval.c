@@ -38,12 +38,14 @@ bool sp_jrt_fail(struct sp_jrt *rt, const struct sp_jnode *at, sp_status st, con
     return false;
 }
 
+/* An arena failure at at: out of memory, or over the memory limit. */
 bool sp_jrt_oom(struct sp_jrt *rt, const struct sp_jnode *at) {
     if (rt->a->nomem) return sp_jrt_fail(rt, at, SP_E_NOMEM, "out of memory");
     return sp_jrt_fail(rt, at, SP_E_FORMAT, "the template needs more than %zu bytes of memory (the limit)",
                        rt->ctx->lim.max_memory);
 }
 
+/* One loop iteration or macro call; false past max_iterations. */
 bool sp_jrt_tick(struct sp_jrt *rt, const struct sp_jnode *at) {
     if (++rt->iterations > rt->ctx->lim.max_iterations)
         return sp_jrt_fail(rt, at, SP_E_FORMAT, "more than %llu loop iterations and macro calls (the limit)",
@@ -51,6 +53,7 @@ bool sp_jrt_tick(struct sp_jrt *rt, const struct sp_jnode *at) {
     return true;
 }
 
+/* What walking v costs in work units: items, or bytes / 64 of a string. */
 uint64_t sp_jrt_size(struct sp_jv v) {
     switch (v.type) {
     case SP_JV_STR: return v.u.s->len / 64;
@@ -60,6 +63,7 @@ uint64_t sp_jrt_size(struct sp_jv v) {
     }
 }
 
+/* Add units + 1 of work; false past 256 x max_iterations. */
 bool sp_jrt_charge(struct sp_jrt *rt, const struct sp_jnode *at, uint64_t units) {
     rt->work += units + 1;
     if (rt->work / 256 > rt->ctx->lim.max_iterations)
@@ -75,6 +79,7 @@ static bool enter(struct sp_jrt *rt, const struct sp_jnode *at) {
     return true;
 }
 
+/* str(v) as a string value in the render arena (v itself when it is one). */
 bool sp_jrt_to_str(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv v, struct sp_jv *out) {
     if (v.type == SP_JV_STR) {
         *out = v;
@@ -216,6 +221,7 @@ static bool compare_depth(struct sp_jrt *rt, const struct sp_jnode *at, struct s
     return sp_jrt_fail(rt, at, SP_E_FORMAT, "cannot order a %s and a %s", sp_jv_type_name(a), sp_jv_type_name(b));
 }
 
+/* Python ordering of a and b into *cmp (-1, 0, 1); false for values that do not order. */
 bool sp_jrt_compare(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv a, struct sp_jv b, int *cmp) {
     return compare_depth(rt, at, a, b, cmp, VALUE_DEPTH);
 }
@@ -460,6 +466,7 @@ static bool call_macro(struct sp_jrt *rt, const struct sp_jnode *at, const struc
     return ok;
 }
 
+/* Call a macro or global function value; false for anything else. */
 bool sp_jrt_call(struct sp_jrt *rt, const struct sp_jnode *at, struct sp_jv fn, const struct sp_jargs *args,
                  struct sp_jv *out) {
     if (fn.type == SP_JV_MACRO) return call_macro(rt, at, fn.u.m, args, out);
@@ -680,6 +687,7 @@ static bool eval_inner(struct sp_jrt *rt, const struct sp_jnode *n, struct sp_js
     }
 }
 
+/* Evaluate expression n in scope sc, bounded by the evaluation depth. */
 bool sp_jrt_eval(struct sp_jrt *rt, const struct sp_jnode *n, struct sp_jscope *sc, struct sp_jv *out) {
     if (!enter(rt, n)) return false;
     const bool ok = eval_inner(rt, n, sc, out);
@@ -881,11 +889,13 @@ bool sp_jinja_ctx_init(struct sp_jinja_ctx *ctx, const struct sp_jinja_limits *l
     return ctx->vars != NULL;
 }
 
+/* Frees every value of the context; ctx may be initialised again. */
 void sp_jinja_ctx_free(struct sp_jinja_ctx *ctx) {
     sp_jarena_free(&ctx->arena);
     ctx->vars = NULL;
 }
 
+/* Set variable name (v must live in ctx->arena or outlive the render). */
 bool sp_jinja_ctx_set(struct sp_jinja_ctx *ctx, const char *name, struct sp_jv v) {
     return sp_jdict_set_str(&ctx->arena, ctx->vars, name, v);
 }

@@ -961,6 +961,7 @@ static struct sp_jnode *parse_body(struct ps *p, const char *const *ends, int n_
     return blk;
 }
 
+/* The default bounds (docs/CHAT.md, "Sandbox and limits"). */
 struct sp_jinja_limits sp_jinja_default_limits(void) {
     return (struct sp_jinja_limits){
         .max_output = 64u << 20, .max_memory = 256u << 20, .max_iterations = 1000000, .max_depth = 200};
@@ -1012,6 +1013,7 @@ sp_status sp_jinja_parse(const char *src, size_t len, const struct sp_jinja_limi
     return SP_OK;
 }
 
+/* Frees the program and its tree; NULL is a no-op. */
 void sp_jinja_program_free(struct sp_jinja_program *p) {
     if (!p) return;
     sp_jarena_free(&p->arena);

@@ -193,6 +193,7 @@ bool sp_jdict_set_str(struct sp_jarena *a, struct sp_jdict *d, const char *k, st
     return sp_jv_str(a, k, strlen(k), &key) && sp_jdict_set(a, d, key, v);
 }
 
+/* Drop entry i, keeping the order of the rest.  note: call only with i < d->n. */
 void sp_jdict_remove(struct sp_jdict *d, size_t i) {
     memmove(d->keys + i, d->keys + i + 1, (d->n - i - 1) * sizeof *d->keys);
     memmove(d->vals + i, d->vals + i + 1, (d->n - i - 1) * sizeof *d->vals);
@@ -256,6 +257,7 @@ bool sp_jv_equal(struct sp_jv a, struct sp_jv b, int depth) {
     }
 }
 
+/* A constant name of v's type for messages. */
 const char *sp_jv_type_name(struct sp_jv v) {
     switch (v.type) {
     case SP_JV_UNDEF: return "undefined";
@@ -302,10 +304,12 @@ void sp_jbuf_put(struct sp_jbuf *b, const char *s, size_t n) {
     b->p[b->n] = '\0';
 }
 
+/* Append one byte. */
 void sp_jbuf_putc(struct sp_jbuf *b, char c) {
     sp_jbuf_put(b, &c, 1);
 }
 
+/* Append formatted text (at most 127 bytes per call: numbers and escapes). */
 void sp_jbuf_printf(struct sp_jbuf *b, const char *fmt, ...) {
     char tmp[128];
     va_list ap;
@@ -315,6 +319,7 @@ void sp_jbuf_printf(struct sp_jbuf *b, const char *fmt, ...) {
     if (n > 0) sp_jbuf_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
+/* Free the bytes; b is empty and usable again. */
 void sp_jbuf_free(struct sp_jbuf *b) {
     sp_free(b->p);
     b->p = NULL;
@@ -401,6 +406,7 @@ static void write_str_repr(struct sp_jbuf *b, const struct sp_jstr *s) {
     sp_jbuf_putc(b, q);
 }
 
+/* Python repr(v) appended to b; false past depth levels of nesting. */
 bool sp_jv_write_repr(struct sp_jbuf *b, struct sp_jv v, int depth) {
     if (depth <= 0) return false;
     switch (v.type) {
@@ -430,6 +436,7 @@ bool sp_jv_write_repr(struct sp_jbuf *b, struct sp_jv v, int depth) {
     }
 }
 
+/* Python str(v) appended to b (undefined: nothing); false past depth levels. */
 bool sp_jv_write_str(struct sp_jbuf *b, struct sp_jv v, int depth) {
     switch (v.type) {
     case SP_JV_UNDEF: return true;
@@ -583,6 +590,7 @@ static bool json_val(struct sp_jbuf *b, struct sp_jv v, int indent, bool sort_ke
     }
 }
 
+/* JSON as json.dumps writes it (see jinja.h). */
 bool sp_jv_write_json(struct sp_jbuf *b, struct sp_jv v, int indent, bool sort_keys, int depth) {
     return json_val(b, v, indent, sort_keys, 0, depth);
 }
@@ -809,6 +817,7 @@ static bool jin_value(struct jin *j, struct sp_jv *out, int depth) {
     return jin_fail(j, "unexpected character");
 }
 
+/* JSON text -> a value in arena a (see jinja.h); false with err filled. */
 bool sp_jv_parse_json(struct sp_jarena *a, const char *text, size_t len, const char *what, struct sp_jv *out,
                       struct sp_jinja_error *err) {
     struct jin j = {.s = text, .n = len, .pos = 0, .a = a, .err = err, .what = what};
@@ -826,6 +835,7 @@ size_t sp_jutf8_count(const char *s, size_t n) {
     return c;
 }
 
+/* The byte offset where character ci of s[0..n) starts, n past the end. */
 size_t sp_jutf8_offset(const char *s, size_t n, size_t ci) {
     size_t i = 0, c = 0;
     while (i < n) {

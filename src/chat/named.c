@@ -44,14 +44,17 @@ static const char *const k_names[FAM_COUNT] = {
     [ZEPHYR] = "zephyr",
 };
 
+/* How many named formatters there are (the 54 of llama.cpp and dots1). */
 int sp_chat_named_count(void) {
     return FAM_COUNT;
 }
 
+/* The name of family i (static), NULL out of range. */
 const char *sp_chat_named_name(int i) {
     return i >= 0 && i < FAM_COUNT ? k_names[i] : NULL;
 }
 
+/* The family named exactly name[0..n), or -1. */
 int sp_chat_named_find(const char *name, size_t n) {
     for (int i = 0; i < FAM_COUNT; i++)
         if (strlen(k_names[i]) == n && memcmp(k_names[i], name, n) == 0) return i;
@@ -136,6 +139,7 @@ static const struct rule {
     {SOLAR_OPEN, {"<|begin|>", "<|end|>", "<|content|>"}},
 };
 
+/* The family a template is recognised as (see chat.h), or -1. */
 int sp_chat_named_detect(const char *tmpl, size_t n) {
     if (!tmpl) return -1;
     const int named = sp_chat_named_find(tmpl, n);
@@ -245,6 +249,7 @@ static void by_role(struct sp_jbuf *b, const struct sp_chat_msg *m, const struct
     put(b, post);
 }
 
+/* Append the conversation as family fam formats it (see chat.h). */
 void sp_chat_named_apply(int fam, const struct sp_chat_msg *msgs, size_t n, bool add_ass, struct sp_jbuf *b) {
     for (size_t w = 0; w < SP_ARRAY_LEN(k_wraps); w++) {
         if (k_wraps[w].fam != fam) continue;
