@@ -17,7 +17,7 @@ BUILD   ?= build
 OPT     ?= -O2
 WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werror
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) -Iinclude -Isrc -MMD -MP
-LDLIBS  += -lpcre2-8 -lm -lpthread
+LDLIBS  += -lpcre2-8 -lzstd -lcrypto -lm -lpthread
 TEST_LDLIBS := -lcjson
 
 ARCH := $(shell $(CC) -dumpmachine)

@@ -41,7 +41,8 @@ typedef enum sp_status {
                               written through the size out-parameter */
     SP_E_STATE = -8,       /* the call is not valid in the object's current state
                               (e.g. sampling before any token was decoded) */
-    SP_STATUS_COUNT = 9
+    SP_E_ABORTED = -9,     /* the caller's abort callback stopped the call */
+    SP_STATUS_COUNT = 10
 } sp_status;
 
 /* A constant English name for a status, e.g. "format error".  Never NULL. */
@@ -298,12 +299,31 @@ int32_t sp_chat_builtin_templates(const char **names, size_t cap);
 const char *sp_chat_detect_template(const char *tmpl);
 
 /* ---------------------------------------------------------------------------
- * Session: context (KV cache), scratch, sampler.  All memory a session needs
- * per token is allocated in sp_session_init; sp_decode never allocates.
+ * Session: one conversation -- its tokens, their KV cache, scratch, sampler.
+ * All memory a session needs per token is allocated in sp_session_init;
+ * sp_decode never allocates.  The KV cache is paged: blocks of 32 tokens
+ * from a pool the model keeps for all its sessions of the same cache types
+ * (docs/MEMORY.md), so a long context needs no contiguous allocation and its
+ * pages are touched only as tokens arrive.
+ *
+ * Threads: calls on one session must not overlap; different sessions of one
+ * model may be used from different threads at once.
  * ------------------------------------------------------------------------- */
 struct sp_session;
 
-enum sp_kv_type { SP_KV_F32 = 0, SP_KV_F16 = 1, SP_KV_TYPE_COUNT };
+/* KV cache element types, for keys and values separately.  f32, f16, q8_0
+ * and q4_0 store rows as llama.cpp does; q4h is Sparrow's 4.5-bit type
+ * (blocks of 32 rotated by a Walsh-Hadamard transform, non-uniform 4-bit
+ * levels), for q4_0's size at a fraction of its error.  The quantized types
+ * need head sizes that are multiples of 32. */
+enum sp_kv_type { SP_KV_F32 = 0, SP_KV_F16 = 1, SP_KV_Q8_0 = 2, SP_KV_Q4_0 = 3, SP_KV_Q4H = 4, SP_KV_TYPE_COUNT };
+
+/* "f16", "q4h", ... (as -ctk / -ctv spell them); NULL out of range. */
+const char *sp_kv_type_name(enum sp_kv_type t);
+/* Nominal bits per value as stored (q4_0: 4.5); 0 out of range. */
+double sp_kv_type_bits(enum sp_kv_type t);
+/* The type a name spells; SP_E_INVALID (message lists the names). */
+sp_status sp_kv_type_from_name(const char *name, enum sp_kv_type *out);
 
 struct sp_sampling_params {
     float temp;           /* 0 = greedy (argmax, lowest id on ties) */
@@ -315,40 +335,64 @@ struct sp_sampling_params {
 };
 
 struct sp_session_params {
-    int32_t n_ctx;        /* 0 = the model's context length, capped at 4096 */
+    int32_t n_ctx;        /* tokens the session holds; 0 = the model's trained
+                             context (n_ctx_train).  More than that is
+                             accepted with a warning (the model was not
+                             trained for it). */
     int32_t n_threads;    /* 0 = one */
     int32_t n_batch;      /* tokens per forward pass when feeding a prompt;
                              0 = 128 (capped at n_ctx).  Memory grows with it. */
     uint64_t seed;        /* sampler seed; the same seed gives the same output */
-    enum sp_kv_type kv_type; /* default F16 (half the memory of F32, as llama.cpp) */
+    enum sp_kv_type kv_type_k; /* key cache type; default F16 (as llama.cpp) */
+    enum sp_kv_type kv_type_v; /* value cache type; default F16 */
     struct sp_sampling_params sampling;
     bool logits_all;      /* keep the logits of every token of the last
                              sp_decode call (sp_get_logits_ith), not only the
                              last one's: n_batch x n_vocab floats, and each
                              sp_decode call then takes at most n_batch tokens.
                              For perplexity and KL divergence.  Default false. */
+    bool ctx_shift;       /* when tokens would not fit, drop the oldest ones
+                             after the first n_keep (and move the rest back)
+                             instead of returning SP_E_CONTEXT_FULL, so a
+                             conversation never runs out of context
+                             (StreamingLLM's sinks + window).  Default false. */
+    int32_t n_keep;       /* tokens at the start a shift never drops (the
+                             attention sinks, e.g. 4); default 0 */
+    int32_t n_discard;    /* tokens one shift drops; 0 = half of those after
+                             n_keep (llama.cpp's choice); 1 = a sliding window */
 };
 struct sp_session_params sp_session_default_params(void);
 
 /* Create a session over a loaded model.  The model must outlive the session.
- * Returns SP_E_INVALID for bad params (message says which), SP_E_NOMEM,
+ * Returns SP_E_INVALID for bad params (message says which, e.g. a cache
+ * type the model's head size cannot take), SP_E_NOMEM (with a memory
+ * budget: the message states what the session needs and what is left),
  * SP_E_STATE for a vocab-only model. */
 sp_status sp_session_init(struct sp_model *model, const struct sp_session_params *params, struct sp_session **out);
 void sp_session_free(struct sp_session *s);
 
-/* Forget all tokens (empty KV cache, empty penalty history); keeps the memory. */
+/* Forget all tokens (empty KV cache, empty penalty history, sampler
+ * reseeded with the session's seed); keeps the memory. */
 void sp_session_reset(struct sp_session *s);
 
 /* Feed n tokens (a prompt as one batch, or one sampled token) at the current
  * position and compute the logits of the last one (of all n with logits_all).
  * Returns SP_E_CONTEXT_FULL (nothing consumed) if n_past + n would exceed
- * n_ctx, SP_E_INVALID for an id outside the vocabulary, n <= 0, or (with
- * logits_all) n > n_batch.  Never allocates. */
+ * n_ctx and ctx_shift is off (or n > n_ctx - n_keep), SP_E_INVALID for an id
+ * outside the vocabulary, n <= 0, or (with logits_all) n > n_batch,
+ * SP_E_ABORTED when the abort callback stopped it (the batches before stay
+ * decoded: sp_session_n_past says how far it got; no logits), SP_E_IO when a
+ * streamed weight could not be read under a memory budget, after the bounded
+ * retries of transient errors docs/RELIABILITY.md describes (the message
+ * names the file and the offset; as for SP_E_ABORTED the batches before stay
+ * decoded and no logits are left, so sp_sample says SP_E_STATE): once
+ * storage reads again, feeding the tokens not consumed continues the same
+ * session.  Never allocates. */
 sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n);
 
 /* Logits of the last decoded token: n_vocab floats, owned by the session,
- * valid until the next sp_decode / sp_session_reset / sp_session_free.
- * NULL before the first decode. */
+ * valid until the next sp_decode / sp_session_reset / sp_session_truncate /
+ * sp_session_free.  NULL before the first decode. */
 const float *sp_get_logits(const struct sp_session *s);
 
 /* Logits of the i-th token (0-based) of the last sp_decode call; i < 0 counts
@@ -359,13 +403,50 @@ const float *sp_get_logits_ith(const struct sp_session *s, int32_t i);
 
 /* Sample the next token from the current logits with the session's sampling
  * parameters, seeded RNG and history (for the repetition penalty).  Does not
- * feed it: call sp_decode with it to continue.  SP_E_STATE before any decode. */
+ * feed it: call sp_decode with it to continue.  SP_E_STATE when there are no
+ * logits (before any decode, after a truncation). */
 sp_status sp_sample(struct sp_session *s, int32_t *out_token);
 
+/* Tokens the session holds (its KV cache positions in use). */
 int32_t sp_session_n_past(const struct sp_session *s);
 int32_t sp_session_n_ctx(const struct sp_session *s);
 
-/* Bytes allocated by the session (KV cache + scratch + logits). */
+/* The ids of the tokens held, oldest first (context shifts drop some):
+ * sp_session_n_past of them, owned by the session, valid until the next call
+ * that changes the session.  NULL for a NULL session. */
+const int32_t *sp_session_tokens(const struct sp_session *s);
+
+/* Keep the first n tokens and drop the rest (KV cells and the sampler's
+ * penalty history alike), so the next sp_decode continues after token n-1.
+ * The logits are gone until then.  SP_E_INVALID for n < 0 or n > n_past. */
+sp_status sp_session_truncate(struct sp_session *s, int32_t n);
+
+/* Change the sampling parameters between calls (the RNG state and history
+ * stay).  SP_E_INVALID for nonsense values (message says which). */
+sp_status sp_session_set_sampling(struct sp_session *s, const struct sp_sampling_params *p);
+
+/* Called before each batch of a long sp_decode; returning true stops it with
+ * SP_E_ABORTED.  NULL removes it.  It runs on the decoding thread. */
+typedef bool (*sp_abort_fn)(void *user);
+void sp_session_set_abort(struct sp_session *s, sp_abort_fn fn, void *user);
+
+/* What the KV cache holds. */
+struct sp_kv_info {
+    enum sp_kv_type type_k, type_v;
+    int32_t n_cells;          /* tokens held (= n_past) */
+    int32_t n_ctx;
+    uint64_t bytes_stored;    /* K and V bytes of the held tokens, as stored */
+    uint64_t values_stored;   /* K and V values they stand for */
+    double bits_per_value;    /* bytes_stored * 8 / values_stored (0 when empty) */
+    uint64_t bytes_reserved;  /* the session's share of the model's block pool */
+    uint64_t pool_bytes;      /* the whole pool of its types (all sessions) */
+    int64_t n_discarded;      /* tokens context shifts have dropped */
+    int32_t n_shifts;
+    int32_t next_pos;         /* position the next token gets */
+};
+sp_status sp_session_kv_info(const struct sp_session *s, struct sp_kv_info *out);
+
+/* Bytes allocated by the session (KV cache quota + scratch + logits). */
 uint64_t sp_session_memory_bytes(const struct sp_session *s);
 
 /* ---------------------------------------------------------------------------
@@ -453,6 +534,8 @@ struct sp_eval_result {
                              in progress reports (computed at the end) */
     double kl_max;        /* NaN without a reference */
     double top1_agree;    /* in [0, 1]; NaN without a reference */
+    double kv_bits_per_value; /* the model's KV cache: bytes stored x 8 / values
+                                 stored, with the cache full (n_ctx tokens) */
 };
 
 /* Called after each chunk with the running results (kl_p99 NaN).  Return
@@ -464,7 +547,17 @@ struct sp_eval_params {
                              length capped at 512 */
     int32_t n_batch;      /* tokens per forward pass; 0 = n_ctx capped at 512 */
     int32_t n_threads;    /* 0 = one */
-    enum sp_kv_type kv_type;
+    enum sp_kv_type kv_type_k, kv_type_v;         /* the model's cache (default f32) */
+    enum sp_kv_type ref_kv_type_k, ref_kv_type_v; /* the reference's (default f32) */
+    /* Streaming instead of chunks: all n_tokens tokens go through one
+     * session of n_ctx tokens with context shift, one token per decode, so
+     * each prediction sees the last tokens that fit the window (plus the
+     * first n_keep, the attention sinks).  Scored: every position from
+     * n_ctx/2 on (as many as chunks would give each its context), n_chunks
+     * = 1.  Tests StreamingLLM-style eviction against chunked evaluation. */
+    bool stream;
+    int32_t n_keep;       /* stream: tokens kept at the start (sinks) */
+    int32_t n_discard;    /* stream: tokens one shift drops; 0 = 1, a sliding window */
     sp_eval_progress_fn progress; /* NULL = no reports */
     void *progress_user;
 };
@@ -610,7 +703,8 @@ struct sp_quantize_result {
  * temporary file renamed into place when complete: on any failure or a
  * cancel nothing is left and an existing file at output is untouched.
  * out (may be NULL) receives the summary.  Returns SP_OK, SP_E_INVALID (bad
- * parameters, unknown policy, pruning the format cannot express),
+ * parameters, unknown policy, pruning the format cannot express, an output
+ * that is one of the files read -- by inode -- refused before any work),
  * SP_E_FORMAT (a malformed policy file: the message names the line),
  * SP_E_UNSUPPORTED (an input tensor type the quantizer does not read),
  * SP_E_IO, SP_E_NOMEM, SP_E_STATE (cancelled by on_tensor). */
@@ -620,6 +714,107 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
  * range. */
 int32_t sp_quantize_n_policies(void);
 sp_status sp_quantize_policy_info(int32_t i, const char **name, const char **about);
+
+/* ---------------------------------------------------------------------------
+ * Model packages (src/package/; the layouts in src/format/pack.h, the design
+ * in docs/PACKAGES.md).  A package (.spk) is a GGUF file -- standard or
+ * Sparrow-native -- as zstd-compressed shards cut at tensor boundaries plus
+ * a manifest holding the GGUF's header (metadata, tensor directory) and the
+ * SHA-256 of every shard, compressed and raw.  Installing gives back the
+ * packed file byte for byte.  A patch (.spkd) turns one model into another:
+ * unchanged shards are referenced, changed ones travel whole or as a zstd
+ * delta against the old shard.  sp_model_load reads packages directly.
+ *
+ * Every writer here writes "<out>.tmp" in the output's folder (locked; one
+ * left by a killed writer is taken over by the next), fsyncs it, renames it
+ * over out and fsyncs the folder: out is at every instant the old file or
+ * the new one, whole.  On failure the temporary file is removed.  Every
+ * shard's hash is checked before its bytes are used.
+ *
+ * A model's content id is the SHA-256 of its manifest's content section
+ * (the GGUF header, shard offsets, sizes and raw hashes): it depends only on
+ * the model's bytes and the shard size, so a GGUF and its package share it,
+ * and patches name the models they join by it.
+ * ------------------------------------------------------------------------- */
+
+struct sp_package_params {
+    int32_t level;            /* zstd level 1..19; 0 = 3 */
+    uint64_t shard_size;      /* bytes a shard holds at most (a row or an expert
+                                 larger than it stays whole); 0 = 16 MiB.  For
+                                 sp_package_diff of two GGUF files; a package
+                                 keeps its own */
+    int32_t n_threads;        /* 0 = one; the output does not depend on it */
+    sp_progress_fn progress;  /* bytes of the model done of total; NULL = none;
+                                 returning false cancels (SP_E_STATE) */
+    void *progress_user;
+};
+struct sp_package_params sp_package_default_params(void);
+
+struct sp_package_stats {
+    uint64_t model_bytes;     /* the model file's size */
+    uint64_t package_bytes;   /* the package's (pack, install, apply to a package) */
+    uint64_t patch_bytes;     /* diff: the patch written; apply: the patch read */
+    uint32_t n_shards;
+    uint32_t n_ref, n_whole, n_delta; /* diff/apply: new shards by how they travel */
+    uint64_t changed_comp_bytes; /* diff: the changed shards compressed whole */
+    char content_id[65];      /* hex; apply: the new model's */
+    double seconds;
+};
+
+/* Pack the GGUF at in into the package out.  The same file and parameters
+ * give the same bytes (whatever n_threads).  st may be NULL.  Returns SP_OK,
+ * SP_E_INVALID (in is not a GGUF file, bad parameters), SP_E_FORMAT,
+ * SP_E_IO (message names the file), SP_E_NOMEM, SP_E_STATE (cancelled, or
+ * another process is writing out). */
+sp_status sp_package_pack(const char *in, const char *out, const struct sp_package_params *params,
+                          struct sp_package_stats *st);
+
+/* Install the package pkg as the GGUF file out (the bytes that were packed).
+ * SP_E_FORMAT names the damaged shard or field; otherwise as sp_package_pack. */
+sp_status sp_package_install(const char *pkg, const char *out, const struct sp_package_params *params,
+                             struct sp_package_stats *st);
+
+/* Write the patch that turns old into new (each a GGUF file or a package;
+ * shards are matched by content, so a metadata edit that moves every data
+ * offset costs a new manifest only).  For each changed shard the patch
+ * carries the smaller of the shard compressed whole and a zstd delta
+ * against the old shard holding the same tensor bytes.  As sp_package_pack. */
+sp_status sp_package_diff(const char *old_path, const char *new_path, const char *out,
+                          const struct sp_package_params *params, struct sp_package_stats *st);
+
+/* Apply patch to model (a GGUF file or a package), writing the new model --
+ * of model's kind -- to out, or over model when out is NULL (an update).
+ * The patch's old content id must be model's (SP_E_INVALID "for another
+ * model"), every new shard's hash is checked before the file is renamed
+ * into place; an interrupted update leaves model as it was and can be run
+ * again.  level (for deltas re-compressed into a package) is the package's.
+ * SP_E_FORMAT names the damaged shard or field; otherwise as sp_package_pack. */
+sp_status sp_package_apply(const char *model, const char *patch, const char *out,
+                           const struct sp_package_params *params, struct sp_package_stats *st);
+
+/* What a package or patch holds, for display.  Strings are copied into the
+ * struct. */
+struct sp_package_info {
+    bool patch;               /* a .spkd patch, else a .spk package */
+    uint64_t file_bytes;      /* this file's size */
+    uint64_t model_bytes;     /* package: the GGUF it holds; patch: the new model's */
+    uint64_t header_bytes, shard_size;
+    uint32_t n_shards, n_tensors;
+    int32_t level;            /* package: its zstd level */
+    uint32_t n_ref, n_whole, n_delta; /* patch: records by kind */
+    char content_id[65];      /* package: its model's; patch: the new model's */
+    char old_content_id[65];  /* patch: the model it applies to */
+};
+/* SP_E_FORMAT naming the field when path is damaged or neither kind. */
+sp_status sp_package_info(const char *path, struct sp_package_info *out);
+
+/* Edit a GGUF file's metadata in place, atomically like every writer: each
+ * of the n assignments "KEY=VALUE" adds or replaces a string key (the value
+ * is everything after the first '='), "KEY:TYPE=VALUE" a typed one (TYPE:
+ * str, bool, u8, i8, u16, i16, u32, i32, u64, i64, f32, f64).  Tensor data
+ * is copied unchanged.  SP_E_INVALID names the malformed assignment;
+ * SP_E_FORMAT, SP_E_IO, SP_E_NOMEM. */
+sp_status sp_model_edit(const char *path, const char *const *assignments, int32_t n);
 
 #ifdef __cplusplus
 }

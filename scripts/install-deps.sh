@@ -2,7 +2,7 @@
 # Installs the Debian packages Sparrow builds against, if any are missing.
 # Needs root (or sudo) only when something is missing.
 set -eu
-pkgs="build-essential libpcre2-dev libcjson-dev libzstd-dev libsimde-dev"
+pkgs="build-essential libpcre2-dev libcjson-dev libzstd-dev libssl-dev libsimde-dev"
 need=""
 for p in $pkgs; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"

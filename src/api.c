@@ -11,11 +11,15 @@
 #include "core/cpu.h"
 #include "mem/pager.h"
 #include "model/model.h"
+#include "model/seq.h"
+#include "package/package.h"
+#include "quant/kv.h"
 #include "quant/quant.h"
 #include "sample/sampler.h"
 
 #include <assert.h>
 #include <stdio.h>
+#include <unistd.h>
 
 void sp_init(void) {
     (void)sp_cpu_features();
@@ -64,10 +68,33 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
     struct sp_model_params p = params ? *params : sp_model_default_params();
     struct sp_model *m = sp_calloc(1, sizeof(*m));
     if (!m) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    if (pthread_mutex_init(&m->kv_mu, NULL) != 0) {
+        sp_free(m);
+        return sp_err(SP_E_NOMEM, "%s: cannot create a mutex", __func__);
+    }
     m->vocab_only = p.vocab_only;
     sp_status rc = sp_model_file_open(path, p.tokenizer_path, p.vocab_only, &m->mf);
     if (rc) goto fail;
-    if (m->mf->kind == SP_FILE_GGUF) {
+    /* A package (package/): resident weights decompress straight into the
+     * pager's region; a budget streams spans of a plain file, so it runs from
+     * a copy installed once into the cache folder. */
+    const long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    const int unpack_threads = n_cpu > 0 ? (int)SP_MIN(n_cpu, 8L) : 1;
+    if (m->mf->packed && !p.vocab_only && p.mem_budget) {
+        char *cached = NULL;
+        bool installed = false;
+        if ((rc = sp_package_cache_install(path, unpack_threads, &cached, &installed))) goto fail;
+        SP_LOG_W("'%s': a budgeted run streams from a plain file: %s '%s'", path,
+                 installed ? "installed the package once into" : "running from its copy installed in", cached);
+        sp_model_file_free(m->mf);
+        m->mf = NULL;
+        rc = sp_model_file_open(cached, p.tokenizer_path, p.vocab_only, &m->mf);
+        sp_free(cached);
+        if (rc) goto fail;
+    }
+    if (m->mf->packed) {
+        snprintf(m->file_format, sizeof m->file_format, "gguf v%u package", m->mf->version);
+    } else if (m->mf->kind == SP_FILE_GGUF) {
         snprintf(m->file_format, sizeof m->file_format, "gguf v%u", m->mf->version);
     } else {
         snprintf(m->file_format, sizeof m->file_format, "llama2.c");
@@ -88,7 +115,7 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
     }
     if (!p.vocab_only) {
         if ((rc = forward_order(m))) goto fail;
-        const struct sp_pager_config pc = {
+        struct sp_pager_config pc = {
             .mode = p.weights == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD,
             .budget = p.mem_budget,
             .embed = m->output != m->tok_embd ? m->tok_embd : NULL,
@@ -99,7 +126,15 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
             .repack = true,
             .by_rows = m->tok_embd,
         };
-        if ((rc = sp_pager_open(m->mf, &pc, &m->pager))) goto fail;
+        struct sp_package_reader *pkg = NULL;
+        if (m->mf->packed) {
+            if ((rc = sp_package_reader_open(path, unpack_threads, &pkg))) goto fail;
+            pc.fill = sp_package_fill;
+            pc.fill_user = pkg;
+        }
+        rc = sp_pager_open(m->mf, &pc, &m->pager);
+        sp_package_reader_close(pkg);
+        if (rc) goto fail;
     }
     *out = m;
     return SP_OK;
@@ -110,6 +145,9 @@ fail:
 
 void sp_model_free(struct sp_model *m) {
     if (!m) return;
+    for (int k = 0; k < SP_KV_TYPE_COUNT; k++)
+        for (int v = 0; v < SP_KV_TYPE_COUNT; v++) sp_kv_cache_free(m->kv[k][v]);
+    pthread_mutex_destroy(&m->kv_mu);
     sp_pager_close(m->pager);
     sp_tokenizer_free(m->tok);
     sp_free(m->layers);
@@ -348,14 +386,31 @@ const char *sp_chat_detect_template(const char *tmpl) {
 
 /* ---- session ------------------------------------------------------------ */
 
+const char *sp_kv_type_name(enum sp_kv_type t) {
+    const struct sp_kv_type_info *ti = sp_kv_type_get(t);
+    return ti ? ti->name : NULL;
+}
+
+double sp_kv_type_bits(enum sp_kv_type t) {
+    const struct sp_kv_type_info *ti = sp_kv_type_get(t);
+    return ti ? ti->bits : 0.0;
+}
+
+sp_status sp_kv_type_from_name(const char *name, enum sp_kv_type *out) {
+    if (!name || !out) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    for (int t = 0; t < SP_KV_TYPE_COUNT; t++) {
+        if (strcmp(name, sp_kv_type_get((enum sp_kv_type)t)->name) == 0) {
+            *out = (enum sp_kv_type)t;
+            return SP_OK;
+        }
+    }
+    return sp_err(SP_E_INVALID, "unknown KV cache type '%s' (f32, f16, q8_0, q4_0, q4h)", name);
+}
+
 struct sp_session {
     struct sp_model *model;
     struct sp_session_params p;
-    uint32_t n_ctx;
-    uint32_t n_past;
-    uint32_t n_batch;
-    struct sp_kv_cache *kv;
-    struct sp_fwd *fwd;
+    struct sp_seq *seq;
     float *logits;   /* (n_rows, n_vocab): n_rows = n_batch with logits_all, else 1 */
     uint32_t n_rows;
     uint32_t n_logits; /* rows written by the last sp_decode (0: none yet) */
@@ -370,40 +425,59 @@ struct sp_session_params sp_session_default_params(void) {
         .n_threads = 0,
         .n_batch = 0,
         .seed = 0,
-        .kv_type = SP_KV_F16,
+        .kv_type_k = SP_KV_F16,
+        .kv_type_v = SP_KV_F16,
         .sampling = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.0f,
                      .repeat_last_n = 64},
         .logits_all = false,
+        .ctx_shift = false,
+        .n_keep = 0,
+        .n_discard = 0,
     };
 }
 
-/* Check and complete session params: n_ctx and n_batch resolved. */
-static sp_status session_shape(const struct sp_model *m, struct sp_session_params *p, uint32_t *n_ctx_out,
-                               uint32_t *n_batch_out) {
+/* Check session params and turn them into a sequence's. */
+static sp_status session_shape(const struct sp_model *m, const struct sp_session_params *p, struct sp_seq_params *q) {
     const struct sp_hparams *hp = &m->mf->hp;
     if (p->n_ctx < 0) return sp_err(SP_E_INVALID, "sp_session_init: n_ctx %d is negative", p->n_ctx);
     if (p->n_threads < 0 || p->n_threads > 1024) {
         return sp_err(SP_E_INVALID, "sp_session_init: n_threads %d out of range [0, 1024]", p->n_threads);
     }
     if (p->n_batch < 0) return sp_err(SP_E_INVALID, "sp_session_init: n_batch %d is negative", p->n_batch);
-    if (p->kv_type != SP_KV_F32 && p->kv_type != SP_KV_F16) {
-        return sp_err(SP_E_INVALID, "sp_session_init: unknown kv_type %d", (int)p->kv_type);
+    if (!sp_kv_type_get(p->kv_type_k)) {
+        return sp_err(SP_E_INVALID, "sp_session_init: unknown kv_type_k %d", (int)p->kv_type_k);
+    }
+    if (!sp_kv_type_get(p->kv_type_v)) {
+        return sp_err(SP_E_INVALID, "sp_session_init: unknown kv_type_v %d", (int)p->kv_type_v);
     }
     uint32_t n_ctx = (uint32_t)p->n_ctx;
-    if (n_ctx == 0) n_ctx = hp->n_ctx_train ? SP_MIN(hp->n_ctx_train, 4096u) : 4096u;
-    if (n_ctx > (1u << 24)) return sp_err(SP_E_INVALID, "sp_session_init: n_ctx %u too large", n_ctx);
-    *n_ctx_out = n_ctx;
-    *n_batch_out = SP_MIN(p->n_batch ? (uint32_t)p->n_batch : 128u, n_ctx);
+    if (n_ctx == 0) n_ctx = hp->n_ctx_train ? hp->n_ctx_train : 4096u;
+    if (n_ctx > (1u << 24)) return sp_err(SP_E_INVALID, "sp_session_init: n_ctx %u too large (at most 2^24)", n_ctx);
+    if (p->n_keep < 0 || (uint32_t)p->n_keep >= n_ctx) {
+        return sp_err(SP_E_INVALID, "sp_session_init: n_keep %d out of range [0, n_ctx %u)", p->n_keep, n_ctx);
+    }
+    if (p->n_discard < 0 || (uint32_t)p->n_discard > n_ctx - (uint32_t)p->n_keep) {
+        return sp_err(SP_E_INVALID, "sp_session_init: n_discard %d out of range [0, n_ctx - n_keep = %u]",
+                      p->n_discard, n_ctx - (uint32_t)p->n_keep);
+    }
+    *q = (struct sp_seq_params){
+        .n_ctx = n_ctx,
+        .n_batch = SP_MIN(p->n_batch ? (uint32_t)p->n_batch : 128u, n_ctx),
+        .n_threads = p->n_threads ? p->n_threads : 1,
+        .type_k = p->kv_type_k,
+        .type_v = p->kv_type_v,
+        .ctx_shift = p->ctx_shift,
+        .n_keep = (uint32_t)p->n_keep,
+        .n_discard = (uint32_t)p->n_discard,
+    };
     return SP_OK;
 }
 
-/* Bytes a session of this shape allocates: KV cache, scratch, logits. */
-static uint64_t session_bytes(const struct sp_model *m, const struct sp_session_params *p, uint32_t n_ctx,
-                              uint32_t n_batch) {
-    const struct sp_hparams *hp = &m->mf->hp;
-    const uint64_t elem = p->kv_type == SP_KV_F32 ? 4 : 2;
-    const uint64_t kv = (uint64_t)hp->n_layers * n_ctx * hp->n_kv_heads * (hp->head_dim_k + hp->head_dim_v) * elem;
-    return kv + sp_fwd_bytes(m, n_ctx, n_batch) + (uint64_t)hp->n_vocab * sizeof(float);
+/* Bytes a session of this shape allocates: KV quota, scratch, logits. */
+static uint64_t session_bytes(const struct sp_model *m, const struct sp_session_params *p,
+                              const struct sp_seq_params *q) {
+    const uint64_t rows = p->logits_all ? q->n_batch : 1;
+    return sp_seq_bytes(m, q) + rows * m->mf->hp.n_vocab * sizeof(float);
 }
 
 sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *params, struct sp_session **out) {
@@ -413,12 +487,18 @@ sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *pa
     if (m->vocab_only) return sp_err(SP_E_STATE, "%s: the model was loaded vocab-only; it cannot run", __func__);
     struct sp_session_params p = params ? *params : sp_session_default_params();
     const struct sp_hparams *hp = &m->mf->hp;
-    uint32_t n_ctx, n_batch;
-    sp_status rc = session_shape(m, &p, &n_ctx, &n_batch);
+    struct sp_seq_params q;
+    sp_status rc = session_shape(m, &p, &q);
     if (rc) return rc;
+    const struct sp_kv_geom g = sp_model_kv_geom(m, q.type_k, q.type_v);
+    if ((rc = sp_kv_geom_check(&g))) return rc;
+    if (hp->n_ctx_train && q.n_ctx > hp->n_ctx_train) {
+        SP_LOG_W("n_ctx %u is larger than the %u tokens the model was trained on: expect worse output past it", q.n_ctx,
+                 hp->n_ctx_train);
+    }
     /* With a memory budget the first session plans the weights (and reads
      * what stays resident); every session takes its bytes from the budget. */
-    const uint64_t sbytes = session_bytes(m, &p, n_ctx, n_batch);
+    const uint64_t sbytes = session_bytes(m, &p, &q);
     if ((rc = sp_pager_reserve(m->pager, sbytes))) return rc;
 
     struct sp_session *s = sp_calloc(1, sizeof(*s));
@@ -427,16 +507,11 @@ sp_status sp_session_init(struct sp_model *m, const struct sp_session_params *pa
         return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     }
     s->model = m;
-    s->n_batch = n_batch;
     s->p = p;
-    s->n_ctx = n_ctx;
     s->reserved = sbytes;
     if ((rc = sp_sampler_init(&p.sampling, p.seed, (int32_t)hp->n_vocab, &s->sampler))) goto fail;
-    if ((rc = sp_kv_init(hp->n_layers, n_ctx, hp->n_kv_heads * hp->head_dim_k, hp->n_kv_heads * hp->head_dim_v,
-                         p.kv_type, &s->kv)))
-        goto fail;
-    if ((rc = sp_fwd_init(m, n_ctx, n_batch, p.n_threads ? p.n_threads : 1, &s->fwd))) goto fail;
-    s->n_rows = p.logits_all ? n_batch : 1;
+    if ((rc = sp_seq_init(m, &q, &s->seq))) goto fail;
+    s->n_rows = p.logits_all ? q.n_batch : 1;
     s->logits = sp_malloc((size_t)s->n_rows * hp->n_vocab * sizeof(float));
     if (!s->logits) {
         rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
@@ -453,18 +528,17 @@ void sp_session_free(struct sp_session *s) {
     if (!s) return;
     sp_pager_release(s->model->pager, s->reserved);
     sp_sampler_free(s->sampler);
-    sp_kv_free(s->kv);
-    sp_fwd_free(s->fwd);
+    sp_seq_free(s->seq);
     sp_free(s->logits);
     sp_free(s);
 }
 
 void sp_session_reset(struct sp_session *s) {
     if (!s) return;
-    s->n_past = 0;
+    sp_seq_reset(s->seq);
     s->n_logits = 0;
     sp_sampler_reset(s->sampler, s->p.seed);
-    sp_moe_trace_clear(s->fwd);
+    sp_moe_trace_clear(s->seq->fwd);
 }
 
 sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
@@ -476,28 +550,17 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
                           tokens[i], i, n_vocab);
         }
     }
-    if (s->p.logits_all && (uint32_t)n > s->n_batch) {
+    if (s->p.logits_all && (uint32_t)n > s->seq->p.n_batch) {
         return sp_err(SP_E_INVALID, "%s: %d tokens with logits_all: one call takes at most n_batch = %u", __func__, n,
-                      s->n_batch);
+                      s->seq->p.n_batch);
     }
-    if ((uint64_t)s->n_past + (uint64_t)n > s->n_ctx) {
-        return sp_err(SP_E_CONTEXT_FULL, "%s: %d tokens do not fit: %u of %u context positions are used", __func__,
-                      n, s->n_past, s->n_ctx);
-    }
-    sp_moe_trace_clear(s->fwd);
-    for (int32_t i = 0; i < n; i += (int32_t)s->n_batch) {
-        const uint32_t nb = (uint32_t)SP_MIN((int32_t)s->n_batch, n - i);
-        const bool last = i + (int32_t)nb == n;
-        sp_pager_turn_begin(s->model->pager);
-        sp_status rc = sp_forward(s->model, s->fwd, s->kv, tokens + i, nb, s->n_past, last ? s->logits : NULL,
-                                  s->p.logits_all);
-        sp_pager_turn_end(s->model->pager);
-        if (rc) {
-            s->n_logits = 0;
-            return rc;
-        }
-        s->n_past += nb;
-        for (uint32_t j = 0; j < nb; j++) sp_sampler_accept(s->sampler, tokens[i + (int32_t)j]);
+    sp_moe_trace_clear(s->seq->fwd);
+    uint32_t done = 0;
+    const sp_status rc = sp_seq_decode(s->seq, tokens, (uint32_t)n, s->logits, s->p.logits_all, &done);
+    for (uint32_t j = 0; j < done; j++) sp_sampler_accept(s->sampler, tokens[j]);
+    if (rc) {
+        s->n_logits = 0;
+        return rc;
     }
     s->n_last = (uint32_t)n;
     s->n_logits = s->p.logits_all ? (uint32_t)n : 1;
@@ -527,25 +590,73 @@ sp_status sp_sample(struct sp_session *s, int32_t *out_token) {
 
 sp_status sp_session_trace_routing(struct sp_session *s, bool on) {
     if (!s) return sp_err(SP_E_INVALID, "%s: NULL session", __func__);
-    return sp_moe_trace_enable(s->model, s->fwd, on);
+    return sp_moe_trace_enable(s->model, s->seq->fwd, on);
 }
 
 bool sp_session_routing(const struct sp_session *s, uint32_t il, uint32_t pos, struct sp_moe_route *out) {
-    return s && out && sp_moe_trace_get(s->fwd, il, pos, out);
+    return s && out && sp_moe_trace_get(s->seq->fwd, il, pos, out);
 }
 
 int32_t sp_session_n_past(const struct sp_session *s) {
-    return s ? (int32_t)s->n_past : 0;
+    return s ? (int32_t)sp_seq_n(s->seq) : 0;
 }
 
 int32_t sp_session_n_ctx(const struct sp_session *s) {
-    return s ? (int32_t)s->n_ctx : 0;
+    return s ? (int32_t)s->seq->p.n_ctx : 0;
+}
+
+const int32_t *sp_session_tokens(const struct sp_session *s) {
+    return s ? s->seq->cells.tok : NULL;
+}
+
+sp_status sp_session_truncate(struct sp_session *s, int32_t n) {
+    if (!s) return sp_err(SP_E_INVALID, "%s: NULL session", __func__);
+    const uint32_t held = sp_seq_n(s->seq);
+    if (n < 0 || (uint32_t)n > held)
+        return sp_err(SP_E_INVALID, "%s: cannot keep %d tokens of %u held", __func__, n, held);
+    sp_seq_truncate(s->seq, (uint32_t)n);
+    /* the penalty history is the tokens held, in order */
+    sp_sampler_history_set(s->sampler, s->seq->cells.tok, (int32_t)n);
+    s->n_logits = 0;
+    return SP_OK;
+}
+
+sp_status sp_session_set_sampling(struct sp_session *s, const struct sp_sampling_params *p) {
+    if (!s || !p) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    sp_status rc = sp_sampler_set_params(s->sampler, p);
+    if (!rc) s->p.sampling = *p;
+    return rc;
+}
+
+void sp_session_set_abort(struct sp_session *s, sp_abort_fn fn, void *user) {
+    if (!s) return;
+    s->seq->abort_fn = fn;
+    s->seq->abort_user = user;
+}
+
+sp_status sp_session_kv_info(const struct sp_session *s, struct sp_kv_info *out) {
+    if (!s || !out) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    const struct sp_seq *q = s->seq;
+    const struct sp_hparams *hp = &s->model->mf->hp;
+    memset(out, 0, sizeof *out);
+    out->type_k = q->p.type_k;
+    out->type_v = q->p.type_v;
+    out->n_cells = (int32_t)q->cells.n;
+    out->n_ctx = (int32_t)q->p.n_ctx;
+    out->bytes_stored = sp_seq_kv_bytes(q);
+    out->values_stored = (uint64_t)q->cells.n * hp->n_layers * hp->n_kv_heads * (hp->head_dim_k + hp->head_dim_v);
+    out->bits_per_value = out->values_stored ? (double)out->bytes_stored * 8.0 / (double)out->values_stored : 0.0;
+    out->bytes_reserved = sp_kv_seq_bytes(&q->kv->g, q->p.n_ctx);
+    out->pool_bytes = sp_kv_cache_bytes(q->kv);
+    out->n_discarded = (int64_t)q->n_discarded;
+    out->n_shifts = (int32_t)q->n_shifts;
+    out->next_pos = q->next_pos;
+    return SP_OK;
 }
 
 uint64_t sp_session_memory_bytes(const struct sp_session *s) {
     if (!s) return 0;
-    return sp_kv_bytes(s->kv) + sp_fwd_bytes(s->model, s->n_ctx, s->n_batch) +
-           (uint64_t)s->n_rows * s->model->mf->hp.n_vocab * sizeof(float);
+    return sp_seq_bytes(s->model, &s->seq->p) + (uint64_t)s->n_rows * s->model->mf->hp.n_vocab * sizeof(float);
 }
 
 /* ---- memory budget -------------------------------------------------------- */
@@ -555,10 +666,10 @@ sp_status sp_model_plan(struct sp_model *m, const struct sp_session_params *para
     memset(out, 0, sizeof *out);
     if (m->vocab_only) return sp_err(SP_E_STATE, "%s: the model was loaded vocab-only", __func__);
     struct sp_session_params p = params ? *params : sp_session_default_params();
-    uint32_t n_ctx, n_batch;
-    sp_status rc = session_shape(m, &p, &n_ctx, &n_batch);
+    struct sp_seq_params q;
+    sp_status rc = session_shape(m, &p, &q);
     if (rc) return rc;
-    const uint64_t sbytes = session_bytes(m, &p, n_ctx, n_batch);
+    const uint64_t sbytes = session_bytes(m, &p, &q);
     struct sp_plan pl;
     if ((rc = sp_pager_make_plan(m->pager, sbytes, &pl))) return rc;
     out->resident = pl.resident;

@@ -186,7 +186,7 @@ static struct sp_session_params greedy_params(int32_t n_ctx, int32_t n_threads) 
     struct sp_session_params p = sp_session_default_params();
     p.n_ctx = n_ctx;
     p.n_threads = n_threads;
-    p.kv_type = SP_KV_F32;
+    p.kv_type_k = p.kv_type_v = SP_KV_F32;
     p.sampling.temp = 0.0f;
     p.sampling.repeat_penalty = 1.0f;
     return p;
@@ -540,7 +540,7 @@ static void test_null_args(void) {
     EXPECT_ERR("n_threads -1", sp_session_init(m, &bad, &s), SP_E_INVALID, "n_threads", "thread");
     CHECK(s == NULL);
     bad = p;
-    bad.kv_type = SP_KV_TYPE_COUNT;
+    bad.kv_type_v = SP_KV_TYPE_COUNT;
     s = SENTINEL;
     EXPECT_ERR("kv_type out of range", sp_session_init(m, &bad, &s), SP_E_INVALID, "kv_type", "kv");
     CHECK(s == NULL);

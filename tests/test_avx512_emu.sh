@@ -22,9 +22,9 @@ if nm "$lib" 2>/dev/null | grep -q __asan_init; then
 fi
 $CC $flags -include "$root/tests/emu/simde_avx512.h" -c "$root/src/quant/x86/avx512.c" -o "$out/avx512_emu.o"
 $CC $flags -DSP_TEST_EMULATED_AVX512 "$root/tests/test_kernels.c" "$out/avx512_emu.o" "$lib" \
-    -lpcre2-8 -lm -lpthread -o "$out/test_kernels_emu"
+    -lpcre2-8 -lzstd -lcrypto -lm -lpthread -o "$out/test_kernels_emu"
 "$out/test_kernels_emu"
 # the native block types' kernels (x86/native_kernels.inc, inside avx512.c)
 $CC $flags -DSP_TEST_EMULATED_AVX512 "$root/tests/test_native.c" "$out/avx512_emu.o" "$lib" \
-    -lpcre2-8 -lm -lpthread -o "$out/test_native_emu"
+    -lpcre2-8 -lzstd -lcrypto -lm -lpthread -o "$out/test_native_emu"
 "$out/test_native_emu"

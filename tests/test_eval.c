@@ -292,7 +292,7 @@ static void reference_figures(struct sp_model *model, struct sp_model *ref, cons
     struct sp_session_params p = sp_session_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_ctx;
-    p.kv_type = SP_KV_F32; /* sp_eval's default */
+    p.kv_type_k = p.kv_type_v = SP_KV_F32; /* sp_eval's default */
     p.logits_all = true;
     struct sp_session *sm = NULL, *sr = NULL;
     CHECK(sp_session_init(model, &p, &sm) == SP_OK && sp_session_init(ref, &p, &sr) == SP_OK);

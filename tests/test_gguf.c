@@ -14,6 +14,7 @@
 #include "test_util.h"
 
 #include <dirent.h>
+#include <sys/wait.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -468,6 +469,23 @@ out:
     memcpy(hdr, "24ka\x02\x00\x00\x00", 8);
     write_file(cut, hdr, 28);
     EXPECT_ERR(sp_model_file_open(cut, tok, false, &mf), SP_E_UNSUPPORTED, "version 2");
+    /* An absurd seq_len (the trained context) in a file without the
+     * freq_cis tables, whose size then does not depend on it. */
+    memcpy(hdr, p, 28);
+    hdr[24] = 0xff, hdr[25] = 0xff, hdr[26] = 0xff, hdr[27] = 0x7f;
+    {
+        const size_t freq = 512 * 8 * 4; /* seq_len x head_size x 2 tables x 4 bytes, as stored */
+        uint8_t *q = malloc(n);
+        memcpy(q, p, n);
+        memcpy(q, hdr, 28);
+        write_file(cut, q, n - freq);
+        EXPECT_ERR(sp_model_file_open(cut, tok, false, &mf), SP_E_FORMAT, "seq_len=2147483647 is inconsistent");
+        memcpy(q, p, 28);
+        write_file(cut, q, n - freq);
+        CHECKF(sp_model_file_open(cut, tok, false, &mf) == SP_OK, "no freq_cis: %s", sp_last_error());
+        sp_model_file_free(mf);
+        free(q);
+    }
     /* Negative vocab_size: unshared classifier, expected after freq_cis. */
     memcpy(hdr, p, 28);
     hdr[20] = 0x00, hdr[21] = 0xfe, hdr[22] = 0xff, hdr[23] = 0xff; /* -512 */
@@ -780,11 +798,27 @@ static void test_writer(void) {
     /* Misuse and incomplete files. */
     const char *pe = tmp_path("err.gguf");
     char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", pe, (long)getpid());
+    snprintf(tmp, sizeof tmp, "%s.sparrow-tmp.%ld", pe, (long)getpid());
+    /* Leftovers of killed writers of pe: a dead process's is removed when
+     * the next writer opens, a live one's (pid 1) is left alone. */
+    char dead[640], live[640];
+    const pid_t child = fork();
+    if (child == 0) _exit(0);
+    waitpid(child, NULL, 0);
+    snprintf(dead, sizeof dead, "%s.sparrow-tmp.%ld", pe, (long)child);
+    snprintf(live, sizeof live, "%s.sparrow-tmp.1", pe);
+    for (int k = 0; k < 2; k++) {
+        FILE *lf = fopen(k ? live : dead, "wb");
+        CHECK(lf && fputs("GGUF partial", lf) >= 0);
+        if (lf) fclose(lf);
+    }
     struct sp_gguf_writer *w;
     const int64_t ne[2] = {32, 2};
     CHECK(sp_gguf_writer_open(pe, 0, &w) == SP_OK);
     CHECK(access(tmp, F_OK) == 0);
+    CHECKF(access(dead, F_OK) != 0, "the leftover of a dead writer %s is still there", dead);
+    CHECKF(access(live, F_OK) == 0, "the temporary file of a live process %s was removed", live);
+    unlink(live);
     CHECK(sp_gguf_writer_add_tensor(w, "a", SP_QTYPE_Q8_0, 2, ne) == SP_OK);
     EXPECT_ERR(sp_gguf_writer_add_tensor(w, "a", SP_QTYPE_F32, 2, ne), SP_E_INVALID, "duplicate tensor name 'a'");
     EXPECT_ERR(sp_gguf_writer_add_tensor(w, "b", 99, 2, ne), SP_E_INVALID, "unknown type id 99");
@@ -799,13 +833,21 @@ static void test_writer(void) {
     EXPECT_ERR(sp_gguf_writer_set(w, "x", &bad_arr), SP_E_INVALID, "array item 1 has type u32");
     uint8_t data[68] = {0};
     CHECK(sp_gguf_writer_write(w, data, 30) == SP_OK);
+    {   /* the header is out, but the magic comes last: no reader takes it for a model */
+        uint8_t *part = NULL;
+        size_t n_part = 0;
+        fflush(NULL);
+        part = read_whole(tmp, &n_part);
+        CHECKF(part && n_part >= 4 && memcmp(part, "GGUF", 4) != 0, "a partial file starts with the GGUF magic");
+        free(part);
+    }
     EXPECT_ERR(sp_gguf_writer_set_u32(w, "late", 1), SP_E_STATE, "frozen");
     EXPECT_ERR(sp_gguf_writer_finish(w), SP_E_STATE, "tensor 'a' has 30 of its 68 bytes written");
     EXPECT_ERR(sp_gguf_writer_write(w, data, 39), SP_E_INVALID, "1 bytes more than the declared tensors hold");
     sp_gguf_writer_free(w);
     CHECKF(access(tmp, F_OK) != 0 && access(pe, F_OK) != 0, "free without finish left %s or %s", tmp, pe);
     EXPECT_ERR(sp_gguf_writer_open(pe, 48, &w), SP_E_INVALID, "power of two");
-    EXPECT_ERR(sp_gguf_writer_open("/nonexistent-dir/x.gguf", 0, &w), SP_E_IO, "/nonexistent-dir/x.gguf.tmp.");
+    EXPECT_ERR(sp_gguf_writer_open("/nonexistent-dir/x.gguf", 0, &w), SP_E_IO, "/nonexistent-dir/x.gguf.sparrow-tmp.");
 
     /* A metadata-only file (no tensors) round-trips and opens as vocab_only-less GGUF. */
     CHECK(sp_gguf_writer_open(pe, 0, &w) == SP_OK);
@@ -895,6 +937,9 @@ static void m_ctx_u8(struct sp_gguf_writer *w, const char *a) {
 }
 static void m_ctx_str(struct sp_gguf_writer *w, const char *a) {
     sp_gguf_writer_set_str(w, akey(a, "context_length"), "4096");
+}
+static void m_ctx_absurd(struct sp_gguf_writer *w, const char *a) {
+    sp_gguf_writer_set_u32(w, akey(a, "context_length"), 0xFFFFFFFFu);
 }
 static void m_layers_neg(struct sp_gguf_writer *w, const char *a) {
     struct sp_meta_value v = mv_i(SP_META_I32, -1);
@@ -1044,6 +1089,7 @@ static void test_model_keys(void) {
     } bad[] = {
         {"mamba", NULL, SP_E_UNSUPPORTED, "'general.architecture' = 'mamba'"},
         {"llama", m_ctx_str, SP_E_FORMAT, "'llama.context_length' has type string"},
+        {"llama", m_ctx_absurd, SP_E_FORMAT, "context_length is absurd"},
         {"llama", m_layers_neg, SP_E_FORMAT, "'llama.block_count' = -1 is out of range"},
         {"llama", m_no_embd, SP_E_FORMAT, "'llama.embedding_length' has type bool"},
         {"llama", m_heads_arr_diff, SP_E_UNSUPPORTED, "'llama.attention.head_count_kv' has per-layer values that differ"},
@@ -1167,6 +1213,32 @@ static void test_corrupt(void) {
         sp_model_file_free(mf);
         mf = NULL;
     }
+    /* Two tensors whose data overlap (the second starts inside the first),
+     * and a Q8_0 tensor whose type is changed to F32 (34 -> 128 bytes: it
+     * claims its neighbour's); side by side they are fine. */
+    const uint64_t ne_row[1] = {32};
+    const struct {
+        uint32_t type_a;
+        uint64_t off_b;
+        bool ok;
+    } pairs[] = {{SP_QTYPE_F32, 128, true}, {SP_QTYPE_F32, 96, false}, {SP_QTYPE_Q8_0, 64, true}, {SP_QTYPE_F32, 64, false}};
+    for (size_t k = 0; k < SP_ARRAY_LEN(pairs); k++) {
+        b.n = 0, b_header(&b, 3, 2, 1), b_kv_str(&b, "general.architecture", "llama");
+        b_tensor(&b, "blk.0.a", 1, ne_row, pairs[k].type_a, 0), b_tensor(&b, "blk.0.b", 1, ne_row, SP_QTYPE_F32, pairs[k].off_b);
+        b_align(&b, 32), b_zeros(&b, 256);
+        if (pairs[k].ok) {
+            CHECKF(gguf_mem(b.p, b.n, NULL) == SP_OK, "pair %zu: %s", k, sp_last_error());
+        } else {
+            EXPECT_ERR(gguf_mem(b.p, b.n, NULL), SP_E_FORMAT, "tensors 'blk.0.a'");
+            EXPECT_ERR(gguf_mem(b.p, b.n, NULL), SP_E_FORMAT, "and 'blk.0.b'");
+            EXPECT_ERR(gguf_mem(b.p, b.n, NULL), SP_E_FORMAT, "overlap");
+        }
+    }
+    b.n = 0, b_header(&b, 3, 2, 1), b_kv_str(&b, "general.architecture", "llama");
+    b_tensor(&b, "blk.0.b", 1, ne_row, SP_QTYPE_F32, 128), b_tensor(&b, "blk.0.a", 1, ne_row, SP_QTYPE_F32, 0);
+    b_align(&b, 32), b_zeros(&b, 256);
+    CHECKF(gguf_mem(b.p, b.n, NULL) == SP_OK, "directory out of file order: %s", sp_last_error());
+
     b.n = 0, b_simple(&b, 2, ne2, SP_QTYPE_F32, 0, 63);
     EXPECT_ERR(gguf_mem(b.p, b.n, NULL), SP_E_FORMAT, "tensor 'w' data [");
     EXPECT_ERR(gguf_mem(b.p, b.n, NULL), SP_E_FORMAT, "past end of file");

@@ -376,7 +376,7 @@ static struct sp_session_params golden_session_params(int n_threads) {
     struct sp_session_params p = sp_session_default_params();
     p.n_ctx = GOLDEN_N_CTX;
     p.n_threads = n_threads;
-    p.kv_type = SP_KV_F32;
+    p.kv_type_k = p.kv_type_v = SP_KV_F32;
     /* Plain greedy: no penalty or truncation can move the argmax. */
     p.sampling.temp = 0.0f;
     p.sampling.top_k = 0;

@@ -82,6 +82,18 @@ static void test_planner_property(void) {
         };
         struct sp_plan p;
         sp_status rc = sp_plan_make(&in, &p);
+        /* the minimum is a property of the model and the session: the same
+         * whatever budget was asked for */
+        const uint64_t min_here = p.min_budget, asked = in.budget;
+        in.budget = 1 + rng_u64() % (4 * off + (256u << 20));
+        struct sp_plan p2;
+        const sp_status rc2 = sp_plan_make(&in, &p2);
+        CHECKF(p2.min_budget == min_here, "plan %d: minimum %llu with a budget of %llu, %llu with %llu", iter,
+               (unsigned long long)min_here, (unsigned long long)asked, (unsigned long long)p2.min_budget,
+               (unsigned long long)in.budget);
+        CHECK((rc2 == SP_E_NOMEM) == (in.budget < min_here));
+        if (rc2 == SP_OK) sp_plan_free(&p2);
+        in.budget = asked;
         if (rc == SP_E_NOMEM) {
             refused++;
             continue; /* the minimum is checked below on an accepted shape */
@@ -122,6 +134,9 @@ static void test_planner_property(void) {
                 CHECK(p.total_bytes <= minb);
                 sp_plan_free(&p);
             }
+            in.budget = minb - 1; /* and it is the least */
+            CHECKF(sp_plan_make(&in, &p) == SP_E_NOMEM, "plan %d: a byte under its minimum %llu is accepted", iter,
+                   (unsigned long long)minb);
         }
     }
     printf("  planner: %d plans (%d resident, %d streaming), %d refused\n", plans, resident, streamed, refused);
@@ -335,6 +350,57 @@ static void test_too_small(const char *rel) {
     sp_model_free(m);
 }
 
+/* A model of a few MiB streams under a budget of a few MiB without the
+ * test tuning of units, threshold and margin: the planner's margin and
+ * small-tensor threshold scale down with the model (a fixed 32 MiB margin
+ * and 1 MiB threshold kept every tensor of these models pinned and asked for
+ * ~40 MiB).  Only the process's size is set (3 MiB, as the CLI's): this test
+ * binary has grown by the models it loaded before.  Its logits are the
+ * unbudgeted ones. */
+static void test_tiny_streams_untuned(const char *rel, uint64_t weights) {
+    const struct sp_pager_tuning base_only = {.base_set = true, .base_bytes = 3u << 20};
+    const char *path = need_fixture(rel);
+    if (!path) return;
+    struct sp_session_params sp = test_session();
+    struct sp_model_params mp = sp_model_default_params();
+    struct sp_model *ref = NULL, *m = NULL;
+    struct sp_session *rs = NULL, *bs = NULL;
+    sp_status rc = sp_model_load(path, &mp, &ref);
+    if (!rc) rc = sp_session_init(ref, &sp, &rs);
+    const uint64_t budget = (3u << 20) + (rc ? 0 : sp_session_memory_bytes(rs)) + weights;
+    mp.mem_budget = budget;
+    if (!rc) rc = sp_model_load(path, &mp, &m);
+    if (!rc) {
+        sp_pager_tune(m->pager, &base_only);
+        rc = sp_session_init(m, &sp, &bs);
+    }
+    CHECKF(rc == SP_OK, "%s under a %.1f MiB budget: %s", rel, budget / 1048576.0, sp_last_error());
+    const struct sp_plan *pl = m ? sp_pager_plan(m->pager) : NULL;
+    CHECKF(pl && !pl->resident, "%s: nothing streams under %.1f MiB", rel, budget / 1048576.0);
+    int diff = 0, steps = 0;
+    int32_t t = 1;
+    for (int step = 0; step < 16 && rc == SP_OK; step++, steps++) {
+        if ((rc = sp_decode(rs, &t, 1)) || (rc = sp_decode(bs, &t, 1))) break;
+        struct sp_model_info info;
+        sp_model_get_info(m, &info);
+        diff += memcmp(sp_get_logits(rs), sp_get_logits(bs), (size_t)info.n_vocab * sizeof(float)) != 0;
+        sp_sample(rs, &t);
+    }
+    CHECKF(rc == SP_OK && diff == 0, "%s: %d of %d steps differ (%s)", rel, diff, steps, rc ? sp_last_error() : "");
+    struct sp_mem_stats ms;
+    if (m) sp_model_get_mem_stats(m, &ms);
+    if (pl) {
+        printf("  %s: streams under a %.1f MiB budget untuned (minimum %.1f MiB, margin %.1f MiB), %d steps "
+               "bit-identical, %.1f KiB read\n",
+               rel, budget / 1048576.0, pl->min_budget / 1048576.0, pl->overhead_bytes / 1048576.0, steps,
+               ms.bytes_read / 1024.0);
+    }
+    sp_session_free(bs);
+    sp_model_free(m);
+    sp_session_free(rs);
+    sp_model_free(ref);
+}
+
 /* ---- 4. two sessions on one budgeted model, on two threads ---------------- */
 
 struct greedy_run {
@@ -417,6 +483,8 @@ int main(void) {
     test_forward_under_budget("models/tiny-qwen/tiny-qwen3moe-f32.gguf", 768 * 1024);
     test_forward_under_budget("models/tiny-qwen/tiny-qwen3moe-q8_0.gguf", 512 * 1024);
     test_too_small("models/stories260K/stories260K-f32.gguf");
+    test_tiny_streams_untuned("models/stories260K-moe/stories260K-moe-f32.gguf", 7u << 20);
+    test_tiny_streams_untuned("models/stories260K/stories260K-f32.gguf", 5u << 20);
     test_two_sessions("models/tiny-qwen/tiny-qwen3moe-q8_0.gguf", 512 * 1024);
     test_two_sessions("models/stories260K-moe/stories260K-moe-q8_0.gguf", 512 * 1024);
     return test_report("test_pager");

@@ -27,6 +27,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #define MODEL_DIR "models/stories260K/"
 #define EXCERPT "peer-golden/tinystories-valid-excerpt.txt"
@@ -672,6 +673,43 @@ static void test_atomicity(void) {
     CHECK(sp_quantize(&p, NULL) == SP_E_FORMAT && strstr(sp_last_error(), "no rule matches tensor") && !exists(out));
     p.policy_file = NULL;
 
+    /* an output that is one of the files read, by inode (the same path, a
+     * hard link, a symbolic link): refused before any work, nothing touched */
+    {
+        size_t n_in = 0;
+        char *orig = read_text(f32, &n_in);
+        char copy[4200], hard[4200], soft[4200]; /* scratch() has only four buffers */
+        snprintf(copy, sizeof copy, "%s/in.gguf", dir);
+        snprintf(hard, sizeof hard, "%s/in-hard.gguf", dir);
+        snprintf(soft, sizeof soft, "%s/in-soft.gguf", dir);
+        CHECK(orig && write_file(copy, orig, n_in) && link(copy, hard) == 0 && symlink(copy, soft) == 0);
+        p.input = copy;
+        const char *const outs[] = {copy, hard, soft};
+        for (size_t k = 0; k < SP_ARRAY_LEN(outs); k++) {
+            p.output = outs[k];
+            const double t0 = (double)clock() / CLOCKS_PER_SEC;
+            CHECK(sp_quantize(&p, NULL) == SP_E_INVALID);
+            CHECKF(strstr(sp_last_error(), "is the input file"), "%s", sp_last_error());
+            CHECKF((double)clock() / CLOCKS_PER_SEC - t0 < 0.05, "refused after %.2f s of work",
+                   (double)clock() / CLOCKS_PER_SEC - t0);
+        }
+        size_t n_now = 0;
+        char *now = read_text(copy, &n_now);
+        CHECK(now && n_now == n_in && memcmp(now, orig, n_in) == 0);
+        p.input = f32;
+        p.output = calib;
+        p.calib_path = calib;
+        CHECK(sp_quantize(&p, NULL) == SP_E_INVALID && strstr(sp_last_error(), "is the calibration text file"));
+        p.calib_path = NULL;
+        p.output = out;
+        CHECK(count_files(".sparrow-tmp.") == 0);
+        free(orig);
+        free(now);
+        unlink(soft);
+        unlink(hard);
+        unlink(copy);
+    }
+
     /* an input the quantizer does not read (Q4_0 tensors) */
     p.input = q4;
     CHECK(sp_quantize(&p, NULL) == SP_E_UNSUPPORTED && strstr(sp_last_error(), "Q4_0") && !exists(out));
@@ -685,7 +723,7 @@ static void test_atomicity(void) {
     char *kept = read_text(out, &n);
     CHECK(kept && n == 4 && memcmp(kept, "keep", 4) == 0);
     free(kept);
-    CHECKF(count_files(".tmp.") == 0, "temporary files left in %s", dir);
+    CHECKF(count_files(".sparrow-tmp.") == 0, "temporary files left in %s", dir);
     p.on_tensor = NULL;
 
     /* the complete file replaces it; a truncated copy is refused by the loader */
@@ -700,7 +738,7 @@ static void test_atomicity(void) {
         CHECKF(strstr(sp_last_error(), "truncated.gguf"), "%s", sp_last_error());
     }
     free(data);
-    CHECK(count_files(".tmp.") == 0);
+    CHECK(count_files(".sparrow-tmp.") == 0);
 }
 
 int main(void) {

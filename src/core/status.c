@@ -18,6 +18,7 @@ static const char *const status_names[SP_STATUS_COUNT] = {
     [6] = "context full",
     [7] = "buffer too small",
     [8] = "invalid state",
+    [9] = "aborted",
 };
 
 const char *sp_status_str(sp_status st) {

@@ -27,8 +27,10 @@
 #define EVAL_KL_PERCENTILE 0.99
 
 struct sp_eval_params sp_eval_default_params(void) {
-    return (struct sp_eval_params){.n_ctx = 0, .n_batch = 0, .n_threads = 0, .kv_type = SP_KV_F32,
-                                   .progress = NULL, .progress_user = NULL};
+    return (struct sp_eval_params){.n_ctx = 0, .n_batch = 0, .n_threads = 0, .kv_type_k = SP_KV_F32,
+                                   .kv_type_v = SP_KV_F32, .ref_kv_type_k = SP_KV_F32, .ref_kv_type_v = SP_KV_F32,
+                                   .stream = false, .n_keep = 0, .n_discard = 0, .progress = NULL,
+                                   .progress_user = NULL};
 }
 
 /* ---- per-position statistics -------------------------------------------- */
@@ -135,7 +137,8 @@ static void fill_result(const struct eval_acc *a, bool with_ref, struct sp_eval_
 /* Chunk c through both sessions, n_batch tokens per decode, scoring the
  * positions first .. n_ctx-2 as their logits arrive. */
 static sp_status eval_chunk(struct sp_session *sm, struct sp_session *sr, const int32_t *chunk, int32_t n_ctx,
-                            int32_t n_batch, int32_t bos, int32_t n_vocab, int32_t *batch, struct eval_acc *a) {
+                            int32_t n_batch, int32_t bos, int32_t n_vocab, int32_t *batch, struct eval_acc *a,
+                            double *kv_bits) {
     const int32_t first = n_ctx / 2;
     sp_status rc;
     sp_session_reset(sm);
@@ -151,6 +154,25 @@ static sp_status eval_chunk(struct sp_session *sm, struct sp_session *sr, const 
             const float *ref_row = sr ? sp_get_logits_ith(sr, j - b0) : NULL;
             score(a, row, ref_row, n_vocab, chunk[j + 1]);
         }
+    }
+    struct sp_kv_info ki;
+    if (sp_session_kv_info(sm, &ki) == SP_OK) *kv_bits = ki.bits_per_value;
+    return SP_OK;
+}
+
+/* Streaming: every token through one shifting session per model, one
+ * decode each; positions first .. n-2 scored. */
+static sp_status eval_stream(struct sp_session *sm, struct sp_session *sr, const int32_t *toks, int32_t n, int32_t first,
+                             int32_t bos, int32_t n_vocab, struct eval_acc *a, double *kv_bits) {
+    sp_status rc;
+    for (int32_t j = 0; j < n - 1; j++) {
+        const int32_t t = j == 0 && bos >= 0 ? bos : toks[j];
+        if ((rc = sp_decode(sm, &t, 1))) return rc;
+        if (sr && (rc = sp_decode(sr, &t, 1))) return rc;
+        if (j >= first) score(a, sp_get_logits(sm), sr ? sp_get_logits(sr) : NULL, n_vocab, toks[j + 1]);
+        struct sp_kv_info ki;
+        if (sp_session_n_past(sm) == sp_session_n_ctx(sm) && sp_session_kv_info(sm, &ki) == SP_OK)
+            *kv_bits = ki.bits_per_value;
     }
     return SP_OK;
 }
@@ -200,15 +222,29 @@ sp_status sp_eval(struct sp_model *model, struct sp_model *ref, const int32_t *t
                       __func__, n_tokens, n_ctx, 2 * (long long)n_ctx);
     }
     const int32_t n_batch = SP_MIN(p.n_batch ? p.n_batch : (int32_t)EVAL_MAX_DEFAULT_BATCH, n_ctx);
-    const int32_t n_chunks = n_tokens / n_ctx;
-    const int64_t per_chunk = n_ctx - 1 - n_ctx / 2;
+    const int32_t n_chunks = p.stream ? 1 : n_tokens / n_ctx;
+    const int64_t per_chunk = p.stream ? n_tokens - 1 - n_ctx / 2 : n_ctx - 1 - n_ctx / 2;
+    if (p.stream && (p.n_keep < 0 || p.n_keep >= n_ctx || p.n_discard < 0 || p.n_discard > n_ctx - p.n_keep)) {
+        return sp_err(SP_E_INVALID, "%s: streaming needs 0 <= n_keep < n_ctx and 0 <= n_discard <= n_ctx - n_keep "
+                      "(got keep %d, discard %d, ctx %d)", __func__, p.n_keep, p.n_discard, n_ctx);
+    }
 
     struct sp_session_params sp = sp_session_default_params();
     sp.n_ctx = n_ctx;
     sp.n_batch = n_batch;
     sp.n_threads = p.n_threads;
-    sp.kv_type = p.kv_type;
-    sp.logits_all = true;
+    sp.kv_type_k = p.kv_type_k;
+    sp.kv_type_v = p.kv_type_v;
+    sp.logits_all = !p.stream;
+    if (p.stream) {
+        sp.ctx_shift = true;
+        sp.n_keep = p.n_keep;
+        sp.n_discard = p.n_discard ? p.n_discard : 1;
+        sp.n_batch = 1;
+    }
+    struct sp_session_params sp_ref = sp;
+    sp_ref.kv_type_k = p.ref_kv_type_k;
+    sp_ref.kv_type_v = p.ref_kv_type_v;
     struct sp_session *sm = NULL, *sr = NULL;
     struct eval_acc a = {0};
     int32_t *batch = sp_malloc((size_t)n_batch * sizeof(*batch));
@@ -218,14 +254,17 @@ sp_status sp_eval(struct sp_model *model, struct sp_model *ref, const int32_t *t
         goto done;
     }
     if ((rc = sp_session_init(model, &sp, &sm))) goto done;
-    if (ref && (rc = sp_session_init(ref, &sp, &sr))) goto done;
+    if (ref && (rc = sp_session_init(ref, &sp_ref, &sr))) goto done;
 
     memset(out, 0, sizeof(*out));
     out->n_tokens = n_tokens;
     out->n_ctx = n_ctx;
     out->n_chunks = n_chunks;
+    out->kv_bits_per_value = NAN;
     for (int32_t c = 0; c < n_chunks; c++) {
-        rc = eval_chunk(sm, sr, tokens + (size_t)c * (size_t)n_ctx, n_ctx, n_batch, bos, n_vocab, batch, &a);
+        rc = p.stream ? eval_stream(sm, sr, tokens, n_tokens, n_ctx / 2, bos, n_vocab, &a, &out->kv_bits_per_value)
+                      : eval_chunk(sm, sr, tokens + (size_t)c * (size_t)n_ctx, n_ctx, n_batch, bos, n_vocab, batch,
+                                   &a, &out->kv_bits_per_value);
         if (rc) goto done;
         out->n_done = c + 1;
         fill_result(&a, ref != NULL, out);
@@ -261,7 +300,7 @@ sp_status sp_eval_generate(struct sp_model *model, int32_t n_tokens, int32_t seg
     struct sp_session_params sp = sp_session_default_params();
     sp.n_ctx = seg_len;
     sp.n_threads = n_threads;
-    sp.kv_type = SP_KV_F32; /* the sampled text must not depend on the session default */
+    sp.kv_type_k = sp.kv_type_v = SP_KV_F32; /* the sampled text must not depend on the session default */
     struct sp_session *s = NULL;
     struct sp_sampler *smp = NULL;
     if ((rc = sp_sampler_init(&plain, seed, mi.n_vocab, &smp))) goto done;

@@ -10,6 +10,8 @@
  */
 #include "gguf.h"
 
+#include "core/file.h"
+
 #include "quant/native.h"
 #include "quant/quant.h"
 
@@ -125,6 +127,42 @@ static void nameset_free(struct nameset *s) {
  * Reader
  * ======================================================================== */
 
+struct span {
+    uint64_t start, end;
+    uint32_t i;
+};
+
+static int span_cmp(const void *a, const void *b) {
+    const struct span *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start ? 1 : (x->i > y->i) - (x->i < y->i);
+}
+
+/* No two tensors' data may share a byte: a directory whose ranges overlap
+ * (a type changed without moving the neighbours, say) would let one tensor
+ * be read as another's.  Offsets are absolute and checked against the file
+ * size; empty tensors overlap nothing. */
+static sp_status check_overlap(const struct sp_model_file *mf, const char *path) {
+    if (mf->n_tensors < 2) return SP_OK;
+    struct span *s = sp_malloc((size_t)mf->n_tensors * sizeof *s);
+    if (!s) return sp_err(SP_E_NOMEM, "sp_gguf_read: out of memory");
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        const struct sp_tensor_desc *t = &mf->tensors[i];
+        if (t->size) s[n++] = (struct span){t->offset, t->offset + t->size, i};
+    }
+    qsort(s, n, sizeof *s, span_cmp);
+    sp_status rc = SP_OK;
+    for (uint32_t k = 1; k < n && !rc; k++) {
+        if (s[k].start >= s[k - 1].end) continue;
+        const struct sp_tensor_desc *a = &mf->tensors[s[k - 1].i], *b = &mf->tensors[s[k].i];
+        rc = sp_err(SP_E_FORMAT, "sp_gguf_read: '%s': the data of tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
+                    path, a->name, (unsigned long long)s[k - 1].start, (unsigned long long)s[k - 1].end, b->name,
+                    (unsigned long long)s[k].start, (unsigned long long)s[k].end);
+    }
+    sp_free(s);
+    return rc;
+}
+
 /* A forward cursor over the file with a read-ahead window, so that a
  * 150k-token vocabulary costs a few dozen pread calls, not 300k.  Invariant:
  * pos <= size.  `what` describes the item being read, for error messages. */
@@ -155,6 +193,9 @@ static sp_status rd_read(struct rd *r, void *dst, size_t n) {
         if (rc) return rc;
     } else {
         size_t fill = (size_t)SP_MIN((uint64_t)RD_WINDOW, rd_left(r));
+        /* a package's header (core/file.h prefix): read ahead only what is held */
+        const uint64_t held = sp_file_held(r->f), avail = held > r->pos ? held - r->pos : 0;
+        if (fill > avail && avail >= n) fill = (size_t)avail;
         sp_status rc = sp_file_read_at(r->f, r->pos, r->win, fill);
         if (rc) return rc;
         r->win_off = r->pos;
@@ -569,6 +610,7 @@ sp_status sp_gguf_read(struct sp_file *f, struct sp_model_file *mf) {
         }
         t->offset = start; /* absolute from here on */
     }
+    if ((rc = check_overlap(mf, r.path))) goto done;
     /* Vocabulary-only files end right after the directory, without padding. */
     mf->data_offset = mf->n_tensors == 0 ? SP_MIN(data_offset, r.size) : data_offset;
     rc = SP_OK;
@@ -611,10 +653,13 @@ struct sp_gguf_writer {
     uint64_t header_bytes; /* bytes written before the data section */
 };
 
-/* Open a writer whose output goes to "<path>.tmp.<pid>" until finish renames
- * it over path.  alignment: 0 for GGUF's default (32), else a power of two;
- * a non-default one is recorded as general.alignment.  Returns SP_OK and
- * *out, SP_E_INVALID, SP_E_IO (the temporary file cannot be created) or
+/* Open a writer whose output goes to a temporary file beside path
+ * ("<path>.sparrow-tmp.<pid>", core/file.h; leftovers of killed writers of
+ * path are removed first) until finish renames it over path.  The magic is
+ * written last, so the temporary is never a GGUF file, even renamed by hand.
+ * alignment: 0 for GGUF's default (32), else a power of two; a non-default
+ * one is recorded as general.alignment.  Returns SP_OK and *out,
+ * SP_E_INVALID, SP_E_IO (the temporary file cannot be created) or
  * SP_E_NOMEM. */
 sp_status sp_gguf_writer_open(const char *path, uint32_t alignment, struct sp_gguf_writer **out) {
     sp_status rc;
@@ -627,19 +672,13 @@ sp_status sp_gguf_writer_open(const char *path, uint32_t alignment, struct sp_gg
     struct sp_gguf_writer *w = sp_calloc(1, sizeof(*w));
     if (!w) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     w->alignment = alignment;
-    const size_t n = strlen(path) + 32;
     w->path = sp_strdup(path);
-    w->tmp_path = sp_malloc(n);
-    if (!w->path || !w->tmp_path) {
+    if (!w->path) {
         rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
         goto fail;
     }
-    snprintf(w->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = sp_err(SP_E_IO, "%s: cannot create '%s': %s", __func__, w->tmp_path, strerror(errno));
-        goto fail;
-    }
+    int fd;
+    if ((rc = sp_file_tmp_create(path, &w->tmp_path, &fd))) goto fail;
     w->fp = fdopen(fd, "wb");
     if (!w->fp) {
         rc = sp_err(SP_E_IO, "%s: fdopen '%s': %s", __func__, w->tmp_path, strerror(errno));
@@ -910,7 +949,7 @@ static sp_status wr_value(struct sp_gguf_writer *w, const struct sp_meta_value *
 
 /* Header, metadata, directory, then padding up to the data section. */
 static sp_status write_header(struct sp_gguf_writer *w) {
-    sp_status rc = wr(w, "GGUF", 4);
+    sp_status rc = wr_zeros(w, 4); /* the magic comes last (sp_gguf_writer_finish) */
     if (!rc) rc = wr_u32(w, 3);
     if (!rc) rc = wr_u64(w, w->n_t);
     if (!rc) rc = wr_u64(w, w->n_kv);
@@ -1003,29 +1042,18 @@ sp_status sp_gguf_writer_finish(struct sp_gguf_writer *w) {
     FILE *fp = w->fp;
     w->fp = NULL;
     w->failed = true; /* until the rename succeeds */
-    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
-        rc = sp_err(SP_E_IO, "%s: flushing '%s' failed: %s", __func__, w->tmp_path, strerror(errno));
+    if (fflush(fp) != 0 || pwrite(fileno(fp), "GGUF", 4, 0) != 4) {
+        rc = sp_err(SP_E_IO, "%s: writing '%s' failed: %s", __func__, w->tmp_path, strerror(errno));
         fclose(fp);
         return rc;
     }
-    if (fclose(fp) != 0) return sp_err(SP_E_IO, "%s: closing '%s' failed: %s", __func__, w->tmp_path, strerror(errno));
-    if (rename(w->tmp_path, w->path) != 0) {
-        return sp_err(SP_E_IO, "%s: renaming '%s' to '%s' failed: %s", __func__, w->tmp_path, w->path, strerror(errno));
+    rc = sp_file_tmp_commit(fileno(fp), w->tmp_path, w->path);
+    if (fclose(fp) != 0 && !rc) {
+        rc = sp_err(SP_E_IO, "%s: closing '%s' failed: %s", __func__, w->path, strerror(errno));
     }
+    if (rc) return rc;
     w->failed = false;
     w->finished = true;
-    /* Make the rename durable; failure here loses nothing already written. */
-    char *dir = sp_strdup(w->path);
-    if (dir) {
-        char *slash = strrchr(dir, '/');
-        const char *d = slash ? (slash == dir ? "/" : (*slash = '\0', dir)) : ".";
-        int dfd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
-        sp_free(dir);
-    }
     return SP_OK;
 }
 

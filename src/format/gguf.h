@@ -25,9 +25,11 @@ sp_status sp_gguf_read(struct sp_file *f, struct sp_model_file *mf);
 
 /* ---- writer ------------------------------------------------------------
  * Streaming: add all metadata and tensor descriptors first, then write tensor
- * data in directory order, then finish.  Output goes to "<path>.tmp.<pid>"
- * and is renamed over path by sp_gguf_writer_finish; sp_gguf_writer_free
- * without finish removes the temporary file. */
+ * data in directory order, then finish.  Output goes to a temporary file
+ * beside path (core/file.h: sp_file_tmp_create) and is renamed over path by
+ * sp_gguf_writer_finish; sp_gguf_writer_free without finish removes the
+ * temporary file, and the next writer of path removes one a killed process
+ * left. */
 struct sp_gguf_writer;
 
 sp_status sp_gguf_writer_open(const char *path, uint32_t alignment, struct sp_gguf_writer **out);

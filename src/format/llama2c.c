@@ -64,7 +64,7 @@ sp_status sp_llama2c_read(struct sp_file *f, struct sp_model_file *mf, bool voca
                   n_kv_heads = le_i32(hdr + 16), vocab_raw = le_i32(hdr + 20), seq_len = le_i32(hdr + 24);
     if (dim <= 0 || hidden <= 0 || n_layers <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_kv_heads > n_heads ||
         n_heads % n_kv_heads != 0 || dim % n_heads != 0 || (dim / n_heads) % 2 != 0 || vocab_raw == 0 ||
-        vocab_raw == INT32_MIN || seq_len <= 0) {
+        vocab_raw == INT32_MIN || seq_len <= 0 || (uint32_t)seq_len > SP_MAX_CTX_TRAIN) {
         return sp_err(SP_E_FORMAT,
                       "%s: '%s' is neither GGUF nor a valid llama2.c checkpoint: config dim=%d hidden_dim=%d n_layers=%d "
                       "n_heads=%d n_kv_heads=%d vocab_size=%d seq_len=%d is inconsistent",

@@ -13,6 +13,7 @@
 #include "core/file.h"
 #include "gguf.h"
 #include "llama2c.h"
+#include "pack.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -348,6 +349,7 @@ static sp_status read_hparams(struct sp_model_file *mf, bool vocab_only) {
     /* Consistency, so that later layers can size buffers from these. */
     const char *bad = NULL;
     if (hp->n_ctx_train == 0) bad = "context_length is 0";
+    else if (hp->n_ctx_train > SP_MAX_CTX_TRAIN) bad = "context_length is absurd (more than 16777216 positions)";
     else if (hp->n_embd == 0) bad = "embedding_length is 0";
     else if (hp->n_layers == 0) bad = "block_count is 0";
     else if (hp->n_kv_heads == 0 || hp->n_heads % hp->n_kv_heads != 0) bad = "attention.head_count is not a multiple of attention.head_count_kv";
@@ -594,7 +596,25 @@ sp_status sp_model_file_open_file(struct sp_file *f, const char *tokenizer_path,
         rc = sp_err(SP_E_FORMAT, "%s: '%s' is empty", __func__, path);
         goto fail;
     }
+    uint8_t magic8[8] = {0};
     if (mf->file_size >= 4 && (rc = sp_file_read_at(f, 0, magic, 4))) goto fail;
+    if (mf->file_size >= 8 && (rc = sp_file_read_at(f, 0, magic8, 8))) goto fail;
+    if (sp_pack_is_package(magic8, sizeof magic8)) {
+        /* a package: the GGUF it holds, from the header bytes in its manifest */
+        struct sp_pack_manifest pm;
+        struct sp_file *hf = NULL;
+        sp_model_file_free(mf);
+        mf = NULL;
+        if ((rc = sp_pack_read_manifest(f, &pm, NULL))) goto fail;
+        rc = sp_file_from_prefix(pm.header, (size_t)pm.header_size, pm.file_size, path, &hf);
+        if (!rc) rc = sp_model_file_open_file(hf, tokenizer_path, vocab_only, &mf);
+        sp_file_close(hf);
+        sp_pack_manifest_clear(&pm);
+        if (rc) goto fail;
+        mf->packed = true;
+        *out = mf;
+        return SP_OK;
+    }
     if (memcmp(magic, "GGUF", 4) == 0) {
         if ((rc = sp_gguf_read(f, mf)) || (rc = interpret_gguf(mf, vocab_only))) goto fail;
     } else {

@@ -10,6 +10,11 @@
 #ifndef SP_MODEL_FILE_H
 #define SP_MODEL_FILE_H
 
+/* The longest trained context a file may claim: 16M positions (the longest
+ * released models claim 10M).  More is a broken header -- 0xFFFFFFFF, say --
+ * refused at load, naming context_length. */
+#define SP_MAX_CTX_TRAIN (1u << 24)
+
 #include "core/core.h"
 
 #include <stdbool.h>
@@ -28,7 +33,7 @@ const char *sp_arch_name(enum sp_arch a); /* "llama", "qwen2", ... */
 struct sp_hparams {
     enum sp_arch arch;
     uint32_t n_vocab;        /* rows of token_embd */
-    uint32_t n_ctx_train;    /* context_length */
+    uint32_t n_ctx_train;    /* context_length, 1..SP_MAX_CTX_TRAIN */
     uint32_t n_embd;         /* embedding_length */
     uint32_t n_layers;       /* block_count */
     uint32_t n_heads;        /* attention.head_count */
@@ -144,10 +149,15 @@ struct sp_model_file {
     struct sp_meta_kv *meta; /* (n_meta); empty for llama2.c */
 
     char *tokenizer_path;    /* llama2.c: the tokenizer.bin that was read */
+
+    bool packed;             /* path is a model package (pack.h): the directory
+                                and offsets are those of the GGUF it holds, whose
+                                bytes live compressed in shards; read them through
+                                package/, never from path */
 };
 
 /* Open a model file and build its directory, hyper-parameters and vocabulary.
- * Detects GGUF by magic, otherwise treats the file as a llama2.c checkpoint
+ * Detects GGUF and model packages (the GGUF inside, packed = true) by magic, otherwise treats the file as a llama2.c checkpoint
  * (then tokenizer_path, or "tokenizer.bin" beside it, gives the vocabulary).
  * vocab_only: tensors are optional and hyper-parameters may be absent.
  * Validates every length, offset and count against the file size.
@@ -162,6 +172,15 @@ void sp_model_file_free(struct sp_model_file *mf);
 struct sp_file;
 sp_status sp_model_file_open_file(struct sp_file *f, const char *tokenizer_path, bool vocab_only,
                                   struct sp_model_file **out);
+
+/* Rewrite the GGUF file at path in place with keys set[0..n_set) replacing
+ * existing values (same place) or added after them; tensors and their bytes
+ * are kept, and so is the data layout (a file whose tensors are not where a
+ * GGUF writer puts them is SP_E_UNSUPPORTED).  Atomic: a temporary file
+ * renamed over path.  SP_E_INVALID (not GGUF, a bad value), SP_E_FORMAT,
+ * SP_E_IO, SP_E_NOMEM. */
+struct sp_meta_kv;
+sp_status sp_model_file_edit(const char *path, const struct sp_meta_kv *set, size_t n_set);
 
 /* Tensor lookup by exact name; NULL if absent. */
 const struct sp_tensor_desc *sp_model_file_find(const struct sp_model_file *mf, const char *name);

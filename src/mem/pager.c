@@ -31,6 +31,7 @@
  */
 #include "pager.h"
 
+#include "core/file.h"
 #include "quant/quant.h"
 
 #include <errno.h>
@@ -62,6 +63,7 @@ struct slot {
     bool prefetched, used;
     bool counted; /* expert slots: this use was counted as hit or miss (cleared when unpinned) */
     int err;
+    uint64_t err_off; /* SLOT_ERROR: the file offset whose read failed */
     uint64_t last_use;
 };
 
@@ -116,6 +118,7 @@ struct sp_pager {
     uint32_t q_cap, q_head, q_len;
     uint32_t pinned_pending;
     int pinned_err;
+    uint64_t pinned_err_off;
     pthread_t *io;
     uint32_t n_io;
     bool stop;
@@ -211,16 +214,24 @@ static sp_status load_file(struct sp_pager *pg, int fd) {
 #endif
     uint8_t *dst = m;
     uint64_t done = 0;
+    if (pg->cfg.fill) { /* a package: its shards decompress into the region */
+        sp_status rc = pg->cfg.fill(pg->cfg.fill_user, dst, pg->base, n);
+        if (rc) {
+            munmap(m, (size_t)n);
+            return rc;
+        }
+        done = n;
+    }
     while (done < n) {
         const size_t chunk = (size_t)SP_MIN(n - done, (uint64_t)64 << 20);
-        ssize_t r = pread(fd, dst + done, chunk, (off_t)(pg->base + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
+        size_t got;
+        const int err = sp_file_pread_all(fd, dst + done, chunk, pg->base + done, &got);
+        if (err || got < chunk) {
             munmap(m, (size_t)n);
             return sp_err(SP_E_IO, "%s: reading '%s' at offset %llu: %s", __func__, mf->path,
-                          (unsigned long long)(pg->base + done), r < 0 ? strerror(errno) : "unexpected end of file");
+                          (unsigned long long)(pg->base + done + got), err ? strerror(err) : "unexpected end of file");
         }
-        done += (uint64_t)r;
+        done += chunk;
     }
     repack_resident(pg, m);
     (void)mprotect(m, (size_t)n, PROT_READ); /* weights are read-only from here on */
@@ -240,22 +251,30 @@ static sp_status open_resident(struct sp_pager *pg) {
 /* ---- I/O ----------------------------------------------------------------- */
 
 /* Read [off, off + len) into dst; at least `need` bytes must arrive.  Returns
- * 0 or an errno value (EIO for a short file). */
-static int read_span(struct sp_pager *pg, uint8_t *dst, uint64_t off, uint64_t len, uint64_t need) {
+ * 0 or an errno value (EIO for a short file), with *err_off the file offset
+ * that failed.  Transient errors are retried by sp_file_pread_all's policy
+ * (core/file.h); what it gives up on is reported, never used. */
+static int read_span(struct sp_pager *pg, uint8_t *dst, uint64_t off, uint64_t len, uint64_t need, uint64_t *err_off) {
     uint64_t done = 0;
     int fd = pg->direct ? pg->fd_direct : pg->fd;
     while (done < len) {
-        ssize_t r = pread(fd, dst + done, (size_t)(len - done), (off_t)(off + done));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && errno == EINVAL && fd != pg->fd) { /* O_DIRECT refused here: buffered from now on */
+        size_t got;
+        const int err = sp_file_pread_all(fd, dst + done, (size_t)(len - done), off + done, &got);
+        done += got;
+        if (err == EINVAL && fd != pg->fd) { /* O_DIRECT refused here: buffered from now on */
             fd = pg->fd;
             continue;
         }
-        if (r < 0) return errno;
-        if (r == 0) break;
-        done += (uint64_t)r;
+        if (err) {
+            *err_off = off + done;
+            return err;
+        }
+        break; /* all of it, or the end of the file */
     }
-    if (done < need) return EIO;
+    if (done < need) {
+        *err_off = off + done;
+        return EIO;
+    }
 #ifdef POSIX_FADV_DONTNEED
     if (fd == pg->fd) (void)posix_fadvise(pg->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
 #endif
@@ -272,16 +291,21 @@ static void *io_main(void *arg) {
         pg->q_head = (pg->q_head + 1) % pg->q_cap;
         pg->q_len--;
         pthread_mutex_unlock(&pg->mu);
-        int err = read_span(pg, r.dst, r.off, r.len, r.need);
+        uint64_t err_off = 0;
+        int err = read_span(pg, r.dst, r.off, r.len, r.need, &err_off);
         pthread_mutex_lock(&pg->mu);
         pg->st.bytes_read += err ? 0 : r.len;
         if (r.slot < 0) {
             pg->pinned_pending--;
-            if (err && !pg->pinned_err) pg->pinned_err = err;
+            if (err && !pg->pinned_err) {
+                pg->pinned_err = err;
+                pg->pinned_err_off = err_off;
+            }
         } else {
             struct slot *s = &pg->slots[r.slot];
             s->state = err ? SLOT_ERROR : SLOT_READY;
             s->err = err;
+            s->err_off = err_off;
         }
         pthread_cond_broadcast(&pg->cv_done);
     }
@@ -319,7 +343,8 @@ struct rb_job {
 
 static void *rb_main(void *arg) {
     struct rb_job *j = arg;
-    for (uint32_t i = 0; i < j->n; i++) (void)read_span(j->pg, j->buf, j->offs[i], IO_CHUNK, 0);
+    uint64_t err_off;
+    for (uint32_t i = 0; i < j->n; i++) (void)read_span(j->pg, j->buf, j->offs[i], IO_CHUNK, 0, &err_off);
     return NULL;
 }
 
@@ -412,6 +437,16 @@ sp_status sp_pager_open(const struct sp_model_file *mf, const struct sp_pager_co
         goto fail;
     }
     if (mf->n_tensors == 0) { /* vocab-only: nothing to map */
+        *out = pg;
+        return SP_OK;
+    }
+    if (cfg->fill) { /* bytes from the caller (a package): resident LOAD only */
+        if (pg->budgeted) {
+            rc = sp_err(SP_E_INVALID, "%s: '%s': a budget streams from a plain file, not from fill", __func__, mf->path);
+            goto fail;
+        }
+        pg->mode = SP_WEIGHTS_LOAD;
+        if ((rc = load_file(pg, -1))) goto fail;
         *out = pg;
         return SP_OK;
     }
@@ -566,7 +601,10 @@ static sp_status load_pinned(struct sp_pager *pg) {
     while (pg->pinned_pending) pthread_cond_wait(&pg->cv_done, &pg->mu);
     const int err = pg->pinned_err;
     pthread_mutex_unlock(&pg->mu);
-    if (err) return sp_err(SP_E_IO, "%s: reading the weights of '%s': %s", __func__, mf->path, strerror(err));
+    if (err) {
+        return sp_err(SP_E_IO, "%s: '%s': reading the resident weights failed at offset %llu: %s", __func__, mf->path,
+                      (unsigned long long)pg->pinned_err_off, strerror(err));
+    }
     repack_resident(pg, NULL);
     return SP_OK;
 }
@@ -645,6 +683,53 @@ static sp_status apply_plan(struct sp_pager *pg) {
     return SP_OK;
 }
 
+/* Back to "budgeted, not applied" (a failed apply; close): stop the I/O
+ * threads and free what planning and applying made, so a later reserve --
+ * once storage reads again -- plans and applies from scratch.  Under no lock:
+ * no read is in flight (load_pinned waits for its reads; slots are read only
+ * after an apply succeeded, and close comes after every unpin). */
+static void unapply(struct sp_pager *pg) {
+    if (pg->io) {
+        pthread_mutex_lock(&pg->mu);
+        pg->stop = true;
+        pthread_cond_broadcast(&pg->cv_io);
+        pthread_mutex_unlock(&pg->mu);
+        for (uint32_t k = 0; k < pg->n_io; k++) pthread_join(pg->io[k], NULL);
+        sp_free(pg->io);
+    }
+    if (pg->map) munmap((void *)pg->map, (size_t)pg->map_size);
+    if (pg->pinned_region) munmap(pg->pinned_region, (size_t)pg->pinned_size);
+    if (pg->slot_region) munmap(pg->slot_region, (size_t)pg->slot_size);
+    sp_plan_free(&pg->plan);
+    sp_free(pg->tptr);
+    sp_free(pg->first_unit);
+    sp_free(pg->unit_slot);
+    sp_free(pg->unit_sched);
+    sp_free(pg->sched);
+    sp_free(pg->slots);
+    sp_free(pg->q);
+    sp_free(pg->wtype);
+    pg->io = NULL;
+    pg->n_io = 0;
+    pg->stop = pg->streaming = pg->applied = false;
+    pg->map = NULL;
+    pg->map_size = pg->base = 0;
+    pg->pinned_region = pg->slot_region = NULL;
+    pg->pinned_size = pg->slot_size = 0;
+    pg->tptr = NULL;
+    pg->first_unit = NULL;
+    pg->unit_slot = pg->unit_sched = NULL;
+    pg->sched = NULL;
+    pg->slots = NULL;
+    pg->q = NULL;
+    pg->wtype = NULL;
+    pg->n_units = pg->n_sched = pg->sched_next = pg->n_slots = 0;
+    memset(pg->pools, 0, sizeof pg->pools);
+    pg->q_cap = pg->q_head = pg->q_len = pg->pinned_pending = 0;
+    pg->pinned_err = 0;
+    pg->pinned_err_off = 0;
+}
+
 sp_status sp_pager_reserve(struct sp_pager *pg, uint64_t session_bytes) {
     if (!pg->budgeted) return SP_OK;
     if (pg->applied) {
@@ -662,7 +747,10 @@ sp_status sp_pager_reserve(struct sp_pager *pg, uint64_t session_bytes) {
     sp_status rc = sp_pager_make_plan(pg, session_bytes, &pg->plan);
     if (rc) return rc;
     pg->plan_session = session_bytes;
-    if ((rc = apply_plan(pg))) return rc;
+    if ((rc = apply_plan(pg))) {
+        unapply(pg);
+        return rc;
+    }
     pg->reserved = session_bytes;
     return SP_OK;
 }
@@ -681,35 +769,16 @@ void sp_pager_release(struct sp_pager *pg, uint64_t session_bytes) {
 
 void sp_pager_close(struct sp_pager *pg) {
     if (!pg) return;
-    if (pg->io) {
-        pthread_mutex_lock(&pg->mu);
-        pg->stop = true;
-        pthread_cond_broadcast(&pg->cv_io);
-        pthread_mutex_unlock(&pg->mu);
-        for (uint32_t k = 0; k < pg->n_io; k++) pthread_join(pg->io[k], NULL);
-        sp_free(pg->io);
-    }
+    unapply(pg);
     if (pg->budgeted && pg->mf->n_tensors) {
         pthread_mutex_destroy(&pg->mu);
         pthread_cond_destroy(&pg->cv_io);
         pthread_cond_destroy(&pg->cv_done);
         pthread_mutex_destroy(&pg->turn);
     }
-    if (pg->map) munmap((void *)pg->map, (size_t)pg->map_size);
-    if (pg->pinned_region) munmap(pg->pinned_region, (size_t)pg->pinned_size);
-    if (pg->slot_region) munmap(pg->slot_region, (size_t)pg->slot_size);
     if (pg->fd_direct >= 0 && pg->fd_direct != pg->fd) close(pg->fd_direct);
     if (pg->fd >= 0) close(pg->fd);
-    sp_plan_free(&pg->plan);
-    sp_free(pg->tptr);
-    sp_free(pg->first_unit);
-    sp_free(pg->unit_slot);
-    sp_free(pg->unit_sched);
-    sp_free(pg->sched);
-    sp_free(pg->slots);
-    sp_free(pg->q);
     sp_free(pg->pins);
-    sp_free(pg->wtype);
     sp_free(pg);
 }
 
@@ -783,7 +852,9 @@ static int32_t pick_victim(struct sp_pager *pg, int k, bool for_prefetch, int32_
 static void start_read(struct sp_pager *pg, int32_t s, int64_t key, uint32_t i, uint64_t start, uint64_t len,
                        bool prefetch) {
     struct slot *sl = &pg->slots[s];
-    if (sl->key >= 0 && sl->pool != POOL_ROWS) pg->unit_slot[sl->key] = -1;
+    /* forget the unit this slot held -- unless another slot holds it now (a
+     * unit whose read failed here may have been read again elsewhere) */
+    if (sl->key >= 0 && sl->pool != POOL_ROWS && pg->unit_slot[sl->key] == s) pg->unit_slot[sl->key] = -1;
     const struct sp_tensor_desc *t = &pg->mf->tensors[i];
     const uint64_t a = align_down(t->offset + start), end = t->offset + start + len;
     const uint64_t span = align_up(end) - a;
@@ -887,15 +958,19 @@ static sp_status pin_streamed(struct sp_pager *pg, uint32_t i, uint64_t off, uin
     sl->refs++; /* held across the wait: nobody may evict it */
     wait_loaded(pg, s);
     if (sl->state == SLOT_ERROR) {
+        /* nothing of the unit is used: the slot is free again, and the next
+         * pin of the unit reads it afresh */
         const int err = sl->err;
+        const uint64_t err_off = sl->err_off;
         sl->refs--;
         sl->state = SLOT_FREE;
         if (!rows) pg->unit_slot[key] = -1;
         sl->key = -1;
         pthread_cond_broadcast(&pg->cv_done);
         pthread_mutex_unlock(&pg->mu);
-        return sp_err(SP_E_IO, "%s: reading tensor '%s' bytes [%llu, +%llu) from '%s': %s", __func__, t->name,
-                      (unsigned long long)start, (unsigned long long)len, pg->mf->path, strerror(err));
+        return sp_err(SP_E_IO, "%s: '%s': read failed at offset %llu (tensor '%s', bytes [%llu, +%llu) of it): %s",
+                      __func__, pg->mf->path, (unsigned long long)err_off, t->name, (unsigned long long)start,
+                      (unsigned long long)len, strerror(err));
     }
     if (sl->prefetched && !sl->used) pg->st.prefetch_used++;
     sl->used = true;

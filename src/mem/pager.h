@@ -56,6 +56,13 @@ struct sp_pager_config {
      * (sp_pager_wtype says which) */
     bool repack;
     const struct sp_tensor_desc *by_rows; /* read by rows (the input embedding, tied or not): never repacked */
+    /* Where the resident LOAD back end gets the file's bytes: NULL = pread of
+     * mf->path; else fill(fill_user, dst, off, n) writes file bytes
+     * [off, off + n) to dst (a model package decompressing its shards
+     * straight into the region, package/).  With fill, MMAP becomes LOAD and
+     * a budget is SP_E_INVALID (streaming reads spans of a plain file). */
+    sp_status (*fill)(void *user, void *dst, uint64_t off, uint64_t n);
+    void *fill_user;
 };
 
 /* Open mf's file for weight access.  mf must outlive the pager.  Checks the

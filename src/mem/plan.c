@@ -34,8 +34,43 @@ static uint64_t n_rows(const struct sp_tensor_desc *t) {
     return (uint64_t)t->ne[1] * (uint64_t)t->ne[2] * (uint64_t)t->ne[3];
 }
 
+static uint64_t tensor_bytes(const struct sp_model_file *mf) {
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) n += mf->tensors[i].size;
+    return n;
+}
+
+/* Always pinned below this: SP_PLAN_SMALL_BYTES, or 1/64 of the model's
+ * tensor bytes when that is less (a model of a few MiB has no tensor of
+ * 1 MiB: it could never stream, and tests could not stream it). */
 static uint64_t small_bytes(const struct sp_plan_input *in) {
-    return in->small_bytes ? in->small_bytes : SP_PLAN_SMALL_BYTES;
+    if (in->small_bytes) return in->small_bytes;
+    return SP_MIN(SP_PLAN_SMALL_BYTES, SP_MAX(tensor_bytes(in->mf) / 64, (uint64_t)SP_PLAN_IO_ALIGN));
+}
+
+/* The safety margin's fixed part, for what the process touches besides the
+ * planned buffers (thread stacks, code pages, allocator slack): 32 MiB, or
+ * 4 MiB + 1/8 of the model's tensor bytes when that is less -- models under
+ * 224 MiB, whose processes were measured at well under 1 MiB past their
+ * plans (docs/MEMORY.md).  The budget-proportional part (page tables, 0.2%
+ * of what is mapped) is margin_var. */
+static uint64_t margin_fixed(const struct sp_plan_input *in) {
+    if (in->margin_set) return in->margin_bytes;
+    return SP_MIN(32 * MiB, 4 * MiB + tensor_bytes(in->mf) / 8);
+}
+
+static uint64_t margin_var(const struct sp_plan_input *in, uint64_t budget) {
+    return in->margin_set ? 0 : budget / 200;
+}
+
+/* The least budget B with B >= need + margin_var(B): what a plan needing
+ * `need` bytes besides the proportional margin can run in -- the same
+ * whatever budget was asked for. */
+static uint64_t least_budget(const struct sp_plan_input *in, uint64_t need) {
+    uint64_t b = in->margin_set ? need : need + need / 199;
+    while (b - margin_var(in, b) < need) b++;
+    while (b > need && b - 1 - margin_var(in, b - 1) >= need) b--;
+    return b;
 }
 
 enum sp_tclass sp_plan_classify(const struct sp_plan_input *in, const struct sp_tensor_desc *t) {
@@ -150,29 +185,13 @@ sp_status sp_plan_make(const struct sp_plan_input *in, struct sp_plan *p) {
     p->row_slot_bytes = row_unit ? sp_plan_span_bytes(row_unit) : 0;
     /* bookkeeping: a slot index per unit, slot records, plus a margin for
      * what the process touches besides the planned buffers */
-    p->overhead_bytes = n_units_all * 8 + (in->margin_set ? in->margin_bytes : 32 * MiB + in->budget / 200);
-    const uint64_t fixed = in->base_bytes + in->session_bytes + p->overhead_bytes;
+    p->overhead_bytes = n_units_all * 8 + margin_fixed(in) + margin_var(in, in->budget);
+    const uint64_t fixed_need = in->base_bytes + in->session_bytes + n_units_all * 8 + margin_fixed(in);
+    const uint64_t fixed = fixed_need + margin_var(in, in->budget);
 
-    /* Everything fits: the whole tensor section is loaded once (as without a
-     * budget) and nothing is streamed. */
-    const uint64_t whole = round_up(mf->file_size - (first_off & ~(uint64_t)(SP_PLAN_IO_ALIGN - 1)), SP_PLAN_IO_ALIGN);
-    if (fixed + whole <= in->budget) {
-        p->resident = true;
-        for (uint32_t i = 0; i < mf->n_tensors; i++) {
-            p->t[i].place = SP_PLACE_PINNED;
-            p->class_pinned[p->t[i].cls] += mf->tensors[i].size;
-        }
-        p->pinned_bytes = whole;
-        p->total_bytes = fixed + whole;
-        p->min_budget = p->total_bytes;
-        p->expert_hit_rate = 1.0;
-        predict(in, p);
-        return SP_OK;
-    }
-
-    /* The smallest working set: small tensors pinned, two ring slots, expert
-     * slots for the gate and up slices of every chosen expert (and one more),
-     * the row pool. */
+    /* The smallest working set, streaming: small tensors pinned, two ring
+     * slots, expert slots for the gate and up slices of every chosen expert
+     * (and one more), the row pool. */
     const uint64_t row_pool = row_unit ? ROW_SLOTS * p->row_slot_bytes : 0;
     uint32_t upe_max = 1;
     for (uint32_t i = 0; i < mf->n_tensors; i++) {
@@ -181,8 +200,29 @@ sp_status sp_plan_make(const struct sp_plan_input *in, struct sp_plan *p) {
     /* a one-token decode pins the gate and up slices of all chosen experts at once */
     const uint64_t expert_min = expert_unit ? (2ull * SP_MAX(in->n_experts_used, 1u) + 1) * upe_max : 0;
     const uint64_t ring_min = ring_unit ? RING_SLOTS_MIN : 0;
-    p->min_budget = fixed + small + row_pool + ring_min * p->ring_slot_bytes + expert_min * p->expert_slot_bytes;
-    if (in->budget < p->min_budget) {
+    const uint64_t stream_min = least_budget(
+        in, fixed_need + small + row_pool + ring_min * p->ring_slot_bytes + expert_min * p->expert_slot_bytes);
+
+    /* Everything fits: the whole tensor section is loaded once (as without a
+     * budget) and nothing is streamed.  The minimum is the lesser of the two
+     * ways to run, so it does not depend on the budget asked for. */
+    const uint64_t whole = round_up(mf->file_size - (first_off & ~(uint64_t)(SP_PLAN_IO_ALIGN - 1)), SP_PLAN_IO_ALIGN);
+    const uint64_t resident_min = least_budget(in, fixed_need + whole);
+    p->min_budget = SP_MIN(stream_min, resident_min);
+    if (in->budget >= resident_min) {
+        p->resident = true;
+        for (uint32_t i = 0; i < mf->n_tensors; i++) {
+            p->t[i].place = SP_PLACE_PINNED;
+            p->class_pinned[p->t[i].cls] += mf->tensors[i].size;
+        }
+        p->pinned_bytes = whole;
+        p->total_bytes = fixed + whole;
+        p->expert_hit_rate = 1.0;
+        predict(in, p);
+        return SP_OK;
+    }
+
+    if (in->budget < stream_min) {
         const uint64_t need = p->min_budget;
         char b1[32], b2[32], b3[32];
         sp_plan_free(p);

@@ -20,10 +20,17 @@
 /* ---- scratch ------------------------------------------------------------ */
 
 struct fwd_sizes {
-    size_t x, q, k, v, attn, att, hb, xq; /* per-token widths (att: per batch) */
+    size_t x, q, k, v, attn, att, hb, xq; /* per-token widths (att: bytes, per batch) */
 };
 
-static struct fwd_sizes fwd_sizes(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch) {
+/* The geometry of a cache of the given types for this model. */
+struct sp_kv_geom sp_model_kv_geom(const struct sp_model *m, enum sp_kv_type type_k, enum sp_kv_type type_v) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    return (struct sp_kv_geom){hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->head_dim_k, hp->head_dim_v, type_k,
+                               type_v};
+}
+
+static struct fwd_sizes fwd_sizes(const struct sp_model *m, uint32_t n_batch, int n_threads) {
     const struct sp_hparams *hp = &m->mf->hp;
     struct fwd_sizes s;
     s.x = hp->n_embd;
@@ -31,16 +38,17 @@ static struct fwd_sizes fwd_sizes(const struct sp_model *m, uint32_t n_ctx, uint
     s.k = (size_t)hp->n_kv_heads * hp->head_dim_k;
     s.v = (size_t)hp->n_kv_heads * hp->head_dim_v;
     s.attn = (size_t)hp->n_heads * hp->head_dim_v;
-    s.att = (size_t)hp->n_heads * n_ctx;
+    const struct sp_kv_geom g = sp_model_kv_geom(m, SP_KV_F32, SP_KV_F32); /* scratch does not depend on types */
+    s.att = sp_kv_attend_scratch_bytes(&g, n_threads < 1 ? 1 : n_threads);
     s.hb = m->n_ff_max; /* covers the dense, expert and shared-expert widths */
     int64_t widest = SP_MAX(SP_MAX((int64_t)s.x, (int64_t)s.attn), (int64_t)s.hb);
     s.xq = sp_act_bytes(widest, n_batch);
     return s;
 }
 
-uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch) {
-    struct fwd_sizes s = fwd_sizes(m, n_ctx, n_batch);
-    return (uint64_t)((3 * s.x + s.q + s.k + s.v + s.attn + 2 * s.hb) * n_batch + s.att) * sizeof(float) + s.xq +
+uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_batch, int n_threads) {
+    struct fwd_sizes s = fwd_sizes(m, n_batch, n_threads);
+    return (uint64_t)((3 * s.x + s.q + s.k + s.v + s.attn + 2 * s.hb) * n_batch) * sizeof(float) + s.att + s.xq +
            sp_moe_fwd_bytes(m, n_batch);
 }
 
@@ -48,7 +56,7 @@ sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch
                       struct sp_fwd **out) {
     *out = NULL;
     SP_ASSERT(n_batch >= 1);
-    struct fwd_sizes s = fwd_sizes(m, n_ctx, n_batch);
+    struct fwd_sizes s = fwd_sizes(m, n_batch, n_threads);
     struct sp_fwd *f = sp_calloc(1, sizeof(*f));
     if (!f) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     f->n_ctx = n_ctx;
@@ -61,7 +69,7 @@ sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch
     f->k = sp_malloc_aligned(s.k * B, 64);
     f->v = sp_malloc_aligned(s.v * B, 64);
     f->attn = sp_malloc_aligned(s.attn * B, 64);
-    f->att = sp_malloc_aligned(s.att * sizeof(float), 64);
+    f->att = sp_malloc_aligned(s.att, 64);
     f->hb = sp_malloc_aligned(s.hb * B, 64);
     f->hb2 = sp_malloc_aligned(s.hb * B, 64);
     f->xq_bytes = s.xq;
@@ -70,7 +78,7 @@ sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch
         !f->xq) {
         sp_fwd_free(f);
         return sp_err(SP_E_NOMEM, "%s: cannot allocate %llu bytes of scratch", __func__,
-                      (unsigned long long)sp_fwd_bytes(m, n_ctx, n_batch));
+                      (unsigned long long)sp_fwd_bytes(m, n_batch, n_threads));
     }
     sp_status rc = sp_moe_fwd_init(m, f);
     if (!rc) rc = sp_pool_init(n_threads < 1 ? 1 : n_threads, &f->pool);
@@ -222,32 +230,6 @@ static sp_status embed(struct sp_model *m, int32_t token, float *x) {
     return SP_OK;
 }
 
-/* Attention for all tokens of the batch, heads split across threads.  Each
- * head has its own row of f->att, so threads never share scratch. */
-struct attn_job {
-    const struct sp_hparams *hp;
-    struct sp_fwd *f;
-    const struct sp_kv_cache *kv;
-    uint32_t il, n_tok, pos0;
-    float scale;
-};
-
-static void attn_task(void *arg, int ith, int nth) {
-    const struct attn_job *j = arg;
-    const struct sp_hparams *hp = j->hp;
-    const uint32_t hdk = hp->head_dim_k, hdv = hp->head_dim_v, n_rep = hp->n_heads / hp->n_kv_heads;
-    const uint32_t QD = hp->n_heads * hdk, OD = hp->n_heads * hdv;
-    const uint32_t per = (hp->n_heads + (uint32_t)nth - 1) / (uint32_t)nth;
-    const uint32_t h0 = per * (uint32_t)ith, h1 = SP_MIN(hp->n_heads, h0 + per);
-    for (uint32_t h = h0; h < h1; h++) {
-        /* Token t sees positions [0, pos0 + t]: causal within the batch. */
-        for (uint32_t t = 0; t < j->n_tok; t++) {
-            sp_kv_attend(j->kv, j->il, h / n_rep, hdk, hdv, j->pos0 + t + 1, j->f->q + (size_t)t * QD + (size_t)h * hdk,
-                         j->scale, j->f->att + (size_t)h * j->f->n_ctx, j->f->attn + (size_t)t * OD + (size_t)h * hdv);
-        }
-    }
-}
-
 /* The SwiGLU gate over a batch, elements split across threads (exp per
  * element: ~2% of a 128-token prefill on one thread). */
 struct silu_job {
@@ -269,15 +251,16 @@ static void add_rows(float *x, const float *y, size_t n) {
 
 /* ---- the forward pass --------------------------------------------------- */
 
-sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const int32_t *tokens,
-                     uint32_t n_tok, uint32_t pos0, float *logits, bool all_logits) {
+sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const struct sp_kv_cells *c,
+                     uint32_t c0, const int32_t *tokens, uint32_t n_tok, float *logits, bool all_logits) {
     const struct sp_hparams *hp = &m->mf->hp;
     const uint32_t E = hp->n_embd, hdk = hp->head_dim_k, hdv = hp->head_dim_v, F = hp->n_ff;
-    const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk, VD = hp->n_kv_heads * hdv;
+    const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk;
     const uint32_t OD = hp->n_heads * hdv;
     const float scale = 1.0f / sqrtf((float)hdk);
     sp_status rc = SP_OK;
-    SP_ASSERT(n_tok >= 1 && n_tok <= f->n_batch && pos0 + n_tok <= f->n_ctx);
+    SP_ASSERT(n_tok >= 1 && n_tok <= f->n_batch && c0 + n_tok <= c->n);
+    const int32_t *pos = c->pos + c0;
 
     const float *freq_factors = NULL;
     if (m->rope_freqs) {
@@ -309,24 +292,19 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         TRY(head_norm(m, L->q_norm, f->q, hp->n_heads * n_tok, hdk));
         TRY(head_norm(m, L->k_norm, f->k, hp->n_kv_heads * n_tok, hdk));
         for (uint32_t t = 0; t < n_tok; t++) {
-            sp_rope(f->q + (size_t)t * QD, hp->n_heads, hdk, hp->rope_dims, pos0 + t, hp->rope_theta,
+            sp_rope(f->q + (size_t)t * QD, hp->n_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
                     hp->rope_freq_scale, hp->rope_neox, freq_factors);
-            sp_rope(f->k + (size_t)t * KD, hp->n_kv_heads, hdk, hp->rope_dims, pos0 + t, hp->rope_theta,
+            sp_rope(f->k + (size_t)t * KD, hp->n_kv_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
                     hp->rope_freq_scale, hp->rope_neox, freq_factors);
-            sp_kv_store(kv, il, pos0 + t, f->k + (size_t)t * KD, f->v + (size_t)t * VD);
         }
-        struct attn_job aj = {hp, f, kv, il, n_tok, pos0, scale};
-        if ((uint64_t)n_tok * (pos0 + n_tok) * hp->n_heads * hdk < 65536) {
-            attn_task(&aj, 0, 1); /* too small to wake threads for */
-        } else {
-            sp_pool_run(f->pool, attn_task, &aj);
-        }
+        sp_kv_store(kv, c, c0, n_tok, il, f->k, f->v, f->pool);
+        sp_kv_attend(kv, c, il, f->q, n_tok, c0 + 1, scale, f->attn, f->pool, f->att);
         TRY(sp_fwd_matmul(m, f, L->wo, f->attn, OD, n_tok, f->xb2, E));
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
         /* feed-forward: SwiGLU, or the experts */
         TRY(norm(m, L->ffn_norm, f->x, f->xb, E, n_tok));
         if (L->ffn_gate_inp) {
-            TRY(sp_moe_ffn(m, f, il, n_tok, pos0));
+            TRY(sp_moe_ffn(m, f, il, n_tok, (uint32_t)pos[0]));
         } else {
             const struct sp_tensor_desc *const gu[] = {L->ffn_gate, L->ffn_up};
             float *const out[] = {f->hb, f->hb2};

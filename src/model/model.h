@@ -43,6 +43,10 @@ struct sp_layer_weights {
 
 struct sp_model {
     struct sp_model_file *mf;
+    /* KV caches, one per (key type, value type), made by the first sequence
+     * that asks (seq.c); shared by every sequence of those types */
+    struct sp_kv_cache *kv[SP_KV_TYPE_COUNT][SP_KV_TYPE_COUNT];
+    pthread_mutex_t kv_mu;
     struct sp_pager *pager;        /* NULL for vocab-only models */
     struct sp_tokenizer *tok;
     bool vocab_only;
@@ -88,7 +92,7 @@ struct sp_fwd {
     float *k;      /* (n_batch, n_kv_heads*hd_k) */
     float *v;      /* (n_batch, n_kv_heads*hd_v) */
     float *attn;   /* (n_batch, n_heads*hd_v) attention output */
-    float *att;    /* (n_heads, n_ctx) attention weights of one token */
+    void *att;     /* attention's scratch (sp_kv_attend_scratch_bytes for the pool's threads) */
     float *hb;     /* (n_batch, n_ff_max) FFN hidden layer (experts: rows of n_ff_exp) */
     float *hb2;    /* (n_batch, n_ff_max) */
     void *xq;      /* activations converted to a weight's vec_dot_type */
@@ -111,10 +115,14 @@ struct sp_fwd {
     void *observe_ctx;
 };
 
+/* n_ctx bounds only the MoE routing trace (positions it records). */
 sp_status sp_fwd_init(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch, int n_threads,
                       struct sp_fwd **out);
 void sp_fwd_free(struct sp_fwd *f);
-uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch);
+uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_batch, int n_threads);
+
+/* The KV cache geometry of this model with the given element types. */
+struct sp_kv_geom sp_model_kv_geom(const struct sp_model *m, enum sp_kv_type type_k, enum sp_kv_type type_v);
 
 /* Y = X W^T for weight t (ne = {n_in, n_out}), pinned whole through the
  * pager: n_tok rows of x (n_in floats, x_ld apart) give n_tok rows of y
@@ -122,13 +130,16 @@ uint64_t sp_fwd_bytes(const struct sp_model *m, uint32_t n_ctx, uint32_t n_batch
 sp_status sp_fwd_matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, const float *x,
                         int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld);
 
-/* Run n_tok (1..n_batch) tokens at positions pos0.. through the model as one
- * batch, storing their K/V in kv, and (if logits != NULL) write the n_vocab
- * logits of the last token -- or, with all_logits, of every token: n_tok rows
- * of n_vocab, token t's at logits + t*n_vocab.  Never allocates.  SP_E_IO if
- * the pager cannot provide a weight. */
-sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const int32_t *tokens,
-                     uint32_t n_tok, uint32_t pos0, float *logits, bool all_logits);
+/* Run n_tok (1..n_batch) tokens through the model as one batch: they are
+ * cells [c0, c0 + n_tok) of the sequence c (appended by the caller, at the
+ * positions c->pos gives), their K/V are stored in kv, and token t attends
+ * to cells [0, c0 + t].  If logits != NULL write the n_vocab logits of the
+ * last token -- or, with all_logits, of every token: n_tok rows of n_vocab,
+ * token t's at logits + t*n_vocab.  Never allocates.  SP_E_IO if the pager
+ * cannot provide a weight (the cells' K/V are then incomplete: the caller
+ * drops them). */
+sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const struct sp_kv_cells *c,
+                     uint32_t c0, const int32_t *tokens, uint32_t n_tok, float *logits, bool all_logits);
 
 /* Y = X W^T for rows [row0, row0 + n_rows) of weight t, pinned one pager
  * unit at a time (row0: 0 or the first row of an expert's slice). */

@@ -23,12 +23,12 @@ void sp_rmsnorm(float *out, const float *x, const void *w, uint32_t w_type, int6
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * wf[i];
 }
 
-void sp_rope(float *x, int n_heads, int head_dim, int rope_dims, uint32_t pos, float theta_base, float freq_scale,
+void sp_rope(float *x, int n_heads, int head_dim, int rope_dims, float pos, float theta_base, float freq_scale,
              bool neox, const float *freq_factors) {
     const float theta_scale = powf(theta_base, -2.0f / (float)rope_dims);
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * head_dim;
-        float theta = (float)pos;
+        float theta = pos;
         for (int i = 0; i < rope_dims / 2; i++) {
             const float t = (freq_factors ? theta / freq_factors[i] : theta) * freq_scale;
             const float c = cosf(t), s = sinf(t);

@@ -23,9 +23,10 @@ static inline float sp_vec_get(const void *w, uint32_t w_type, int64_t i) {
 }
 
 /* Rotate the first rope_dims of each of n_heads heads (head_dim apart) for
- * position pos.  neox: pairs (i, i + rope_dims/2); else adjacent pairs
+ * position pos (a whole number; negative rotates back: a context shift
+ * moves stored keys by -n this way).  neox: pairs (i, i + rope_dims/2); else adjacent pairs
  * (2i, 2i+1).  freq_factors (rope_dims/2) divides each frequency, or NULL. */
-void sp_rope(float *x, int n_heads, int head_dim, int rope_dims, uint32_t pos, float theta_base, float freq_scale,
+void sp_rope(float *x, int n_heads, int head_dim, int rope_dims, float pos, float theta_base, float freq_scale,
              bool neox, const float *freq_factors);
 
 /* g[i] = silu(g[i]) * u[i] */

@@ -7,6 +7,7 @@
 #include "quant.h"
 
 #include "isa.h"
+#include "kv.h"
 #include "native.h"
 #include "ref.h"
 #include "types.h"
@@ -112,6 +113,7 @@ static bool is_native_id(uint32_t t) {
 
 void sp_quant_init(void) {
     if (atomic_load(&table_ready)) return;
+    sp_attn_kernels_init();
     for (int i = 0; i < SP_QTYPE_COUNT; i++) table[i] = ref_table[i];
     for (uint32_t i = 0; i < SP_QTYPE_NATIVE_COUNT; i++) {
         const struct sp_qtraits *r = sp_native_ref_traits(SP_QTYPE_NATIVE_FIRST + i);

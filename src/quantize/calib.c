@@ -15,6 +15,7 @@
 
 #include "core/file.h"
 #include "model/ops.h"
+#include "model/seq.h"
 
 #include <math.h>
 
@@ -327,8 +328,7 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
     *out = NULL;
     const struct sp_hparams *hp = &m->mf->hp;
     struct sp_calib *c = NULL;
-    struct sp_fwd *f = NULL;
-    struct sp_kv_cache *kv = NULL;
+    struct sp_seq *seq = NULL;
     int32_t *toks = NULL, n_toks = 0;
     double *obs_xx = NULL;
     float *obs_act = NULL;
@@ -345,11 +345,11 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
     const int32_t avail = n_toks / ctx;
     if (n_chunks > avail) n_chunks = avail;
     if ((rc = calib_alloc(m->mf, &c)) || (rc = extra_alloc(m, c, cov_budget, n_chunks * ctx))) goto done;
-    if ((rc = sp_kv_init(hp->n_layers, (uint32_t)ctx, hp->n_kv_heads * hp->head_dim_k, hp->n_kv_heads * hp->head_dim_v,
-                         SP_KV_F32, &kv)) ||
-        (rc = sp_fwd_init(m, (uint32_t)ctx, (uint32_t)ctx, n_threads, &f))) {
-        goto done;
-    }
+    /* the same sequence object sessions decode with, F32 cache, one batch per chunk */
+    const struct sp_seq_params sq = {.n_ctx = (uint32_t)ctx, .n_batch = (uint32_t)ctx, .n_threads = n_threads < 1 ? 1 : n_threads,
+                                     .type_k = SP_KV_F32, .type_v = SP_KV_F32};
+    if ((rc = sp_seq_init(m, &sq, &seq))) goto done;
+    struct sp_fwd *f = seq->fwd;
     if (c->rowcov) {
         const int64_t w = hp->n_embd;
         if (!(obs_xx = sp_malloc((size_t)(w * (w + 1) / 2) * sizeof(double))) ||
@@ -366,9 +366,9 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
     for (int32_t k = 0; k < n_chunks; k++) {
         int32_t *chunk = toks + (size_t)k * (size_t)ctx;
         if (bos >= 0) chunk[0] = bos;
-        /* Each chunk starts at position 0: the cache is overwritten, and
-         * attention only reads positions up to the current one. */
-        if ((rc = sp_forward(m, f, kv, chunk, (uint32_t)ctx, 0, NULL, false))) goto done;
+        /* each chunk from an empty sequence */
+        sp_seq_reset(seq);
+        if ((rc = sp_seq_decode(seq, chunk, (uint32_t)ctx, NULL, false, NULL))) goto done;
         if ((rc = observe_output(m, f, (uint32_t)ctx, &o))) goto done;
         c->n_tokens += ctx;
         c->n_chunks++;
@@ -390,8 +390,7 @@ sp_status sp_calib_run(struct sp_model *m, const char *path, int32_t n_chunks, i
     *out = c;
     c = NULL;
 done:
-    sp_fwd_free(f);
-    sp_kv_free(kv);
+    sp_seq_free(seq);
     sp_free(toks);
     sp_free(obs_xx);
     sp_free(obs_act);

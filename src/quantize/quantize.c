@@ -22,6 +22,7 @@
  */
 #include "quantize.h"
 
+#include "core/file.h"
 #include "format/gguf.h"
 #include "quant/native.h"
 #include "quant/quant.h"
@@ -587,6 +588,17 @@ static sp_status check_params(const struct sp_quantize_params *P) {
         return sp_err(SP_E_INVALID, "sp_quantize: prune_ffn %g is not in [0, 1)", (double)P->prune_ffn);
     }
     if (P->prune_heads < 0) return sp_err(SP_E_INVALID, "sp_quantize: prune_heads %d is negative", (int)P->prune_heads);
+    /* Writing over a file the run reads would replace it (the rename) with
+     * what was computed from it -- or, for the model, leave a mapping of a
+     * file that is gone.  By inode: hard and symbolic links are the file. */
+    const char *const reads[] = {P->input, P->tokenizer_path, P->calib_path, P->policy_file};
+    const char *const what[] = {"input", "tokenizer", "calibration text", "policy file"};
+    for (size_t k = 0; k < SP_ARRAY_LEN(reads); k++) {
+        if (reads[k] && sp_file_same(reads[k], P->output)) {
+            return sp_err(SP_E_INVALID, "sp_quantize: the output '%s' is the %s file '%s'; choose another output path",
+                          P->output, what[k], reads[k]);
+        }
+    }
     return SP_OK;
 }
 

@@ -266,6 +266,55 @@ void sp_sampler_accept(struct sp_sampler *s, int32_t token) {
     if (s->hist_len < cap) s->hist_len++;
 }
 
+void sp_sampler_history_set(struct sp_sampler *s, const int32_t *tokens, int32_t n) {
+    s->hist_len = 0;
+    s->hist_next = 0;
+    const int32_t cap = s->params.repeat_last_n;
+    for (int32_t i = n > cap ? n - cap : 0; i < n; i++) sp_sampler_accept(s, tokens[i]);
+}
+
+int32_t sp_sampler_history(const struct sp_sampler *s, int32_t *out) {
+    const int32_t cap = s->params.repeat_last_n;
+    for (int32_t i = 0; i < s->hist_len; i++) {
+        int32_t k = s->hist_next - s->hist_len + i; /* oldest first */
+        if (k < 0) k += cap;
+        out[i] = s->hist[k];
+    }
+    return s->hist_len;
+}
+
+sp_status sp_sampler_set_params(struct sp_sampler *s, const struct sp_sampling_params *p) {
+    sp_status rc = check_params(p);
+    if (rc != SP_OK) return rc;
+    if (p->repeat_last_n != s->params.repeat_last_n) {
+        /* a new ring, keeping the most recent tokens that fit */
+        int32_t *old = NULL, n = s->hist_len;
+        if (n > 0 && !(old = sp_malloc((size_t)n * sizeof *old)))
+            return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+        if (n > 0) sp_sampler_history(s, old);
+        int32_t *ring = p->repeat_last_n > 0 ? sp_calloc((size_t)p->repeat_last_n, sizeof *ring) : NULL;
+        if (p->repeat_last_n > 0 && !ring) {
+            sp_free(old);
+            return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+        }
+        sp_free(s->hist);
+        s->hist = ring;
+        s->params = *p;
+        sp_sampler_history_set(s, old, n);
+        sp_free(old);
+    }
+    s->params = *p;
+    return SP_OK;
+}
+
+void sp_sampler_rng_get(const struct sp_sampler *s, uint64_t rng[4]) {
+    memcpy(rng, s->rng, sizeof s->rng);
+}
+
+void sp_sampler_rng_set(struct sp_sampler *s, const uint64_t rng[4]) {
+    memcpy(s->rng, rng, sizeof s->rng);
+}
+
 /* ---- sampling ------------------------------------------------------------ */
 
 /* cand[i] = {i, logits[i]} with non-finite values made orderable, then the

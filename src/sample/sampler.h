@@ -22,6 +22,18 @@ void sp_sampler_reset(struct sp_sampler *s, uint64_t seed);
 /* Record a token in the penalty history (the last repeat_last_n are kept). */
 void sp_sampler_accept(struct sp_sampler *s, int32_t token);
 
+/* Replace the penalty history with the last repeat_last_n of tokens[0..n)
+ * (a truncated or loaded session); the RNG is kept. */
+void sp_sampler_history_set(struct sp_sampler *s, const int32_t *tokens, int32_t n);
+/* The history, oldest first, into out (repeat_last_n entries); returns its length. */
+int32_t sp_sampler_history(const struct sp_sampler *s, int32_t *out);
+/* New parameters between calls (checked as at init); a new repeat_last_n
+ * keeps the most recent tokens.  SP_E_INVALID, SP_E_NOMEM. */
+sp_status sp_sampler_set_params(struct sp_sampler *s, const struct sp_sampling_params *p);
+/* The RNG state, for saving and restoring a session. */
+void sp_sampler_rng_get(const struct sp_sampler *s, uint64_t rng[4]);
+void sp_sampler_rng_set(struct sp_sampler *s, const uint64_t rng[4]);
+
 /* Choose a token from n_vocab logits (not modified).  Greedy picks the lowest
  * id among equal maxima.  Never allocates. */
 int32_t sp_sampler_sample(struct sp_sampler *s, const float *logits);

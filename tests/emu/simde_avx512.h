@@ -9,6 +9,7 @@
 
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+#include <math.h>
 
 /* Gaps in SIMDe 0.7.4. */
 static inline simde__m512 sp_emu_mm512_maskz_loadu_ps(simde__mmask16 k, const float *p) {
@@ -51,5 +52,14 @@ static inline simde__m512i sp_emu_mm512_cvtepu16_epi32(simde__m256i h) {
     return simde_mm512_loadu_si512(u);
 }
 #define _mm512_cvtepu16_epi32 sp_emu_mm512_cvtepu16_epi32
+
+static inline simde__m512i sp_emu_mm512_cvtps_epi32(simde__m512 v) {
+    float f[16];
+    int32_t u[16];
+    simde_mm512_storeu_ps(f, v);
+    for (int i = 0; i < 16; i++) u[i] = (int32_t)nearbyintf(f[i]);
+    return simde_mm512_loadu_si512(u);
+}
+#define _mm512_cvtps_epi32 sp_emu_mm512_cvtps_epi32
 
 #endif /* SP_TEST_SIMDE_AVX512_H */

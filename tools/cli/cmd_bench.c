@@ -52,7 +52,7 @@ void help_bench(FILE *f) {
             "  -c, --ctx-size N        context length, 0 = P + N (default: 0)\n"
             "  -b, --batch N           tokens per forward pass, 1..%d; 0 = the library's\n"
             "                          default (128)\n"
-            "      --kv-type TYPE      KV cache element type: f32 or f16 (default: f16, as llama.cpp)\n"
+            CLI_HELP_CACHE_TYPES
             "      --weights MODE      how resident weights are held: auto, mmap (pointers\n"
             "                          into the file mapping) or load (read into anonymous,\n"
             "                          huge-page memory) (default: auto)\n"
@@ -288,7 +288,10 @@ int cmd_bench(int argc, char **argv) {
     sp.sampling.repeat_penalty = 1.0f;
 
     for (a.i = 1; a.i < argc; a.i++) {
-        if (opt_is(&a, "-h", "--help")) {
+        if (opt_is(&a, NULL, "--list-cache-types")) {
+            opt_no_value(&a);
+            return list_cache_types();
+        } else if (opt_is(&a, "-h", "--help")) {
             help_bench(stdout);
             return EXIT_OK;
         } else if (opt_is(&a, "-m", "--model")) {
@@ -300,7 +303,7 @@ int cmd_bench(int argc, char **argv) {
         } else if (opt_is(&a, "-r", "--reps")) {
             reps = parse_int(&a, opt_value(&a), 1, 1000);
         } else if (session_opt(&a, &sp)) {
-            /* -t, -c, -b, --kv-type */
+            /* -t, -c, -b, -ctk, -ctv, --kv-type */
         } else if (opt_is(&a, NULL, "--weights")) {
             const char *v = opt_value(&a);
             if (strcmp(v, "auto") == 0) weights = SP_WEIGHTS_AUTO;
@@ -371,9 +374,11 @@ int cmd_bench(int argc, char **argv) {
         json_string(model_path);
         printf(", \"engine\": \"sparrow\", \"version\": \"%s\", \"threads\": %d, \"n_prompt\": %lld, \"n_gen\": %lld, "
                "\"n_ctx\": %d, \"n_batch\": %d, \"reps\": %lld, \"cold\": %s, \"kv_type\": \"%s\", "
+               "\"cache_type_k\": \"%s\", \"cache_type_v\": \"%s\", "
                "\"weights\": \"%s\", ",
                SPARROW_VERSION, (int)sp.n_threads, n_prompt, n_gen, (int)sp.n_ctx, (int)sp.n_batch, reps,
-               cold ? "true" : "false", kv_type_name(sp.kv_type), weights_name(weights));
+               cold ? "true" : "false", sp.kv_type_k == sp.kv_type_v ? kv_type_name(sp.kv_type_k) : "mixed",
+               kv_type_name(sp.kv_type_k), kv_type_name(sp.kv_type_v), weights_name(weights));
         printf("\"mem_budget_bytes\": ");
         json_number(mem_budget ? (double)mem_budget : NAN, 1);
         printf(", \"n_experts\": %d, \"n_experts_used\": %d, ", (int)info.n_experts, (int)info.n_experts_used);

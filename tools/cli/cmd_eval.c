@@ -56,6 +56,21 @@ void help_eval(FILE *f) {
             "      --seed S            --gen's sampler seed (default: %d)\n"
             "  -c, --ctx-size N        chunk length CTX, >= 4; 0 = the model's context\n"
             "                          length capped at %d (default: 0)\n"
+            "  -ctk, --cache-type-k T  MODEL's KV cache type of keys: f32, f16, q8_0, q4_0,\n"
+            "                          q4h (default: f32)\n"
+            "  -ctv, --cache-type-v T  MODEL's KV cache type of values (default: f32)\n"
+            "      --ref-ctk T         the reference's KV cache types (default: f32), so that\n"
+            "      --ref-ctv T         -m M --ref M -ctk q4_0 -ctv q4_0 measures what the\n"
+            "                          cache alone costs\n"
+            "      --list-cache-types  print each cache type and its bits per value, then exit\n"
+            "      --stream            instead of chunks, stream the whole text through one\n"
+            "                          context of CTX tokens that shifts when full (each\n"
+            "                          prediction sees the last tokens that fit), scoring\n"
+            "                          every position from CTX/2 on\n"
+            "      --keep N            --stream: the first N tokens never leave (attention\n"
+            "                          sinks; llama.cpp's --keep) (default: 0)\n"
+            "      --discard N         --stream: tokens one shift drops (default: 1, a\n"
+            "                          sliding window)\n"
             "      --json              print one JSON object on stdout instead of the summary\n"
             "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
             "      --tokenizer FILE    llama2.c models: the tokenizer (default: tokenizer.bin\n"
@@ -65,7 +80,10 @@ void help_eval(FILE *f) {
             "\n"
             "JSON keys: model, ref, text, gen, seed, ctx, n_tokens, n_chunks, n_scored, ppl,\n"
             "ppl_err, ref_ppl, ref_ppl_err, kl_mean, kl_mean_err, kl_p99, kl_max, top1_agree,\n"
-            "bpw, n_params, tensor_bytes, file_size; null where they do not apply.\n"
+            "bpw, n_params, tensor_bytes, file_size, cache_type_k, cache_type_v,\n"
+            "ref_cache_type_k, ref_cache_type_v, kv_bits_per_value (MODEL's cache: bytes\n"
+            "stored x 8 / values stored, with CTX tokens held), stream, keep; null where\n"
+            "they do not apply.\n"
             "\n"
             "exit status: 0 success, 1 runtime or library error (e.g. a text shorter than\n"
             "2 x CTX tokens, models with different vocabularies), 2 usage error.\n",
@@ -87,7 +105,8 @@ static bool eval_progress(const struct sp_eval_result *r, void *user) {
 
 
 static void eval_print_json(const char *model_path, const char *ref_path, const char *text_path, long long gen,
-                            uint64_t seed, const struct sp_model_info *mi, double bpw, const struct sp_eval_result *r) {
+                            uint64_t seed, const struct sp_model_info *mi, double bpw, const struct sp_eval_result *r,
+                            const struct sp_eval_params *ep) {
     printf("{\"model\": ");
     json_string(model_path);
     json_key_str("ref", ref_path);
@@ -111,6 +130,13 @@ static void eval_print_json(const char *model_path, const char *ref_path, const 
     json_key_num("n_params", (double)mi->n_params, 1);
     json_key_num("tensor_bytes", (double)mi->tensor_bytes, 1);
     json_key_num("file_size", (double)mi->file_size, 1);
+    json_key_str("cache_type_k", sp_kv_type_name(ep->kv_type_k));
+    json_key_str("cache_type_v", sp_kv_type_name(ep->kv_type_v));
+    json_key_str("ref_cache_type_k", ref_path ? sp_kv_type_name(ep->ref_kv_type_k) : NULL);
+    json_key_str("ref_cache_type_v", ref_path ? sp_kv_type_name(ep->ref_kv_type_v) : NULL);
+    json_key_num("kv_bits_per_value", r->kv_bits_per_value, 0);
+    printf(", \"stream\": %s", ep->stream ? "true" : "false");
+    json_key_num("keep", ep->stream ? ep->n_keep : NAN, 1);
     printf("}\n");
 }
 
@@ -127,6 +153,7 @@ static void eval_print_summary(const char *model_path, const char *ref_path, con
     printf("tokens      %d: %d chunks of %d, %lld positions scored\n", (int)r->n_tokens, (int)r->n_chunks,
            (int)r->n_ctx, (long long)r->n_scored);
     printf("ppl         %.4f +/- %.5f\n", r->ppl, r->ppl_err);
+    if (isfinite(r->kv_bits_per_value)) printf("kv cache    %.3f bits per value as stored\n", r->kv_bits_per_value);
     if (!ref_path) return;
     printf("reference   %s\n", ref_path);
     printf("ref_ppl     %.4f +/- %.5f\n", r->ref_ppl, r->ref_ppl_err);
@@ -141,14 +168,34 @@ int cmd_eval(int argc, char **argv) {
     const char *model_path = NULL, *ref_path = NULL, *text_path = NULL, *tokenizer = NULL;
     long long gen = 0, ctx = 0;
     uint64_t seed = DEF_EVAL_SEED;
-    bool json = false, have_seed = false;
+    bool json = false, have_seed = false, have_keep = false;
     struct sp_eval_params ep = sp_eval_default_params();
     ep.n_threads = default_threads();
 
     for (a.i = 1; a.i < argc; a.i++) {
-        if (opt_is(&a, "-h", "--help")) {
+        if (opt_is(&a, NULL, "--list-cache-types")) {
+            opt_no_value(&a);
+            return list_cache_types();
+        } else if (opt_is(&a, "-h", "--help")) {
             help_eval(stdout);
             return EXIT_OK;
+        } else if (opt_is(&a, "-ctk", "--cache-type-k")) {
+            ep.kv_type_k = parse_cache_type(&a, opt_value(&a));
+        } else if (opt_is(&a, "-ctv", "--cache-type-v")) {
+            ep.kv_type_v = parse_cache_type(&a, opt_value(&a));
+        } else if (opt_is(&a, NULL, "--ref-ctk")) {
+            ep.ref_kv_type_k = parse_cache_type(&a, opt_value(&a));
+        } else if (opt_is(&a, NULL, "--ref-ctv")) {
+            ep.ref_kv_type_v = parse_cache_type(&a, opt_value(&a));
+        } else if (opt_is(&a, NULL, "--stream")) {
+            opt_no_value(&a);
+            ep.stream = true;
+        } else if (opt_is(&a, NULL, "--keep")) {
+            ep.n_keep = (int32_t)parse_int(&a, opt_value(&a), 0, MAX_EVAL_CTX);
+            have_keep = true;
+        } else if (opt_is(&a, NULL, "--discard")) {
+            ep.n_discard = (int32_t)parse_int(&a, opt_value(&a), 1, MAX_EVAL_CTX);
+            have_keep = true;
         } else if (opt_is(&a, "-m", "--model")) {
             model_path = opt_value(&a);
         } else if (opt_is(&a, NULL, "--ref")) {
@@ -179,6 +226,8 @@ int cmd_eval(int argc, char **argv) {
     if (!text_path && !gen) usage_error(a.cmd, "nothing to evaluate on: give --text FILE or --gen N");
     if (gen && !ref_path) usage_error(a.cmd, "--gen samples from the reference: it needs --ref");
     if (have_seed && !gen) usage_error(a.cmd, "--seed applies to --gen only");
+    if (have_keep && !ep.stream) usage_error(a.cmd, "--keep and --discard apply to --stream only");
+    if (ep.stream && ctx > 0 && ep.n_keep >= ctx) usage_error(a.cmd, "--keep %d leaves no room in a context of %lld", (int)ep.n_keep, ctx);
 
     int ret = EXIT_RUNTIME;
     sp_status rc;
@@ -233,7 +282,7 @@ int cmd_eval(int argc, char **argv) {
         goto done;
     }
     const double bpw = mi.n_params ? (double)mi.tensor_bytes * 8.0 / (double)mi.n_params : NAN;
-    if (json) eval_print_json(model_path, ref_path, text_path, gen, seed, &mi, bpw, &r);
+    if (json) eval_print_json(model_path, ref_path, text_path, gen, seed, &mi, bpw, &r, &ep);
     else eval_print_summary(model_path, ref_path, text_path, gen, seed, &mi, bpw, &r);
     if (fflush(stdout) != 0) {
         fprintf(stderr, "sparrow: eval: cannot write to stdout: %s\n", strerror(errno));

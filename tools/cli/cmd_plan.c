@@ -34,10 +34,10 @@ void help_plan(FILE *f) {
             "  -m, --model FILE        model file; required\n"
             "      --mem-budget SIZE   the budget, binary units (7.5G = 7.5 GiB); required\n"
             "  -c, --ctx-size N        context length of the session planned for, 0 = the\n"
-            "                          model's, capped at 4096 (default: 0)\n"
+            "                          model's trained context (default: 0)\n"
             "  -b, --batch N           prompt batch of that session (default: 128)\n"
             "  -t, --threads N         accepted for symmetry with run; does not change the plan\n"
-            "      --kv-type TYPE      KV cache element type: f32 or f16 (default: f32)\n"
+            CLI_HELP_CACHE_TYPES
             "      --json              print one JSON object instead of the table\n"
             "  -v, --verbose           print the library's log messages on stderr\n"
             "  -h, --help              print this help and exit\n"
@@ -56,7 +56,10 @@ int cmd_plan(int argc, char **argv) {
     bool json = false;
     struct sp_session_params sp = sp_session_default_params();
     for (a.i = 1; a.i < argc; a.i++) {
-        if (opt_is(&a, "-h", "--help")) {
+        if (opt_is(&a, NULL, "--list-cache-types")) {
+            opt_no_value(&a);
+            return list_cache_types();
+        } else if (opt_is(&a, "-h", "--help")) {
             help_plan(stdout);
             return EXIT_OK;
         } else if (opt_is(&a, "-m", "--model")) {
@@ -64,7 +67,7 @@ int cmd_plan(int argc, char **argv) {
         } else if (opt_is(&a, NULL, "--mem-budget")) {
             mem_budget = parse_size(&a, opt_value(&a));
         } else if (session_opt(&a, &sp)) {
-            /* -t, -c, -b, --kv-type */
+            /* -t, -c, -b, -ctk, -ctv, --kv-type */
         } else if (opt_is(&a, NULL, "--json")) {
             opt_no_value(&a);
             json = true;

@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 void help_run(FILE *f) {
-    struct sp_session_params sp = sp_session_default_params();
     fprintf(f,
             "usage: sparrow run -m MODEL [-p PROMPT | -f FILE] [OPTIONS]\n"
             "\n"
@@ -48,11 +47,11 @@ void help_run(FILE *f) {
             "      --seed S            sampler seed, 0..2^64-1 (default: from the clock,\n"
             "                          printed on stderr)\n"
             "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
-            "  -c, --ctx-size N        context length in tokens, 0 = the model's, capped at\n"
-            "                          4096 (default: 0)\n"
+            "  -c, --ctx-size N        context length in tokens, 0 = the model's trained\n"
+            "                          context (default: 0); more is accepted with a warning\n"
             "  -b, --batch N           tokens per forward pass when feeding the prompt,\n"
             "                          1..%d; 0 = the library's default (128)\n"
-            "      --kv-type TYPE      KV cache element type: f32 or f16 (default: %s)\n"
+            CLI_HELP_CACHE_TYPES
             "      --mem-budget SIZE   keep at most SIZE resident (weights, KV cache, scratch);\n"
             "                          binary units: 7.5G = 7.5 GiB, 512M.  What does not fit\n"
             "                          streams from storage (see 'sparrow plan').  Default:\n"
@@ -69,7 +68,7 @@ void help_run(FILE *f) {
             "exit status: 0 success (also when the context fills up), 1 runtime or library\n"
             "error (e.g. a missing file, a prompt longer than the context), 2 usage error.\n",
             DEF_N_PREDICT, DEF_TEMP, DEF_TOP_K, DEF_TOP_P, DEF_MIN_P, DEF_REPEAT_PENALTY, MAX_REPEAT_LAST_N,
-            DEF_REPEAT_LAST_N, MAX_THREADS, default_threads(), MAX_BATCH, kv_type_name(sp.kv_type));
+            DEF_REPEAT_LAST_N, MAX_THREADS, default_threads(), MAX_BATCH);
 }
 
 /* ---- run ------------------------------------------------------------------------ */
@@ -91,7 +90,10 @@ int cmd_run(int argc, char **argv) {
     uint64_t mem_budget = 0;
 
     for (a.i = 1; a.i < argc; a.i++) {
-        if (opt_is(&a, "-h", "--help")) {
+        if (opt_is(&a, NULL, "--list-cache-types")) {
+            opt_no_value(&a);
+            return list_cache_types();
+        } else if (opt_is(&a, "-h", "--help")) {
             help_run(stdout);
             return EXIT_OK;
         } else if (opt_is(&a, "-m", "--model")) {
@@ -118,7 +120,7 @@ int cmd_run(int argc, char **argv) {
             sp.seed = parse_u64(&a, opt_value(&a));
             have_seed = true;
         } else if (session_opt(&a, &sp)) {
-            /* -t, -c, -b, --kv-type */
+            /* -t, -c, -b, -ctk, -ctv, --kv-type */
         } else if (opt_is(&a, NULL, "--mem-budget")) {
             mem_budget = parse_size(&a, opt_value(&a));
         } else if (opt_is(&a, NULL, "--tokenizer")) {

@@ -33,6 +33,12 @@ static void help_main(FILE *f) {
             "  eval       measure quality: perplexity on a text, KL divergence and top-1\n"
             "             agreement against a reference model\n"
             "  quantize   write a smaller model: mixed-precision types, calibration, pruning\n"
+            "  pack       pack a GGUF into a model package (.spk): zstd shards, SHA-256 manifest\n"
+            "  install    install a package as the GGUF that was packed\n"
+            "  diff       write the patch (.spkd) from one model to another\n"
+            "  update     apply a patch to a model in place, atomically\n"
+            "  patch      apply a patch to a model, writing the new one elsewhere\n"
+            "  edit       set metadata keys of a GGUF in place\n"
             "  template   render a conversation with a chat template (the model's, a Jinja\n"
             "             file or a named formatter) and print the prompt\n"
             "  help [COMMAND]  this text, or a command's options\n"
@@ -42,7 +48,8 @@ static void help_main(FILE *f) {
             "  --version      print the version and exit\n"
             "\n"
             "Run 'sparrow COMMAND --help' for the options of a command.\n"
-            "Model files: GGUF (v2/v3) or llama2.c checkpoints (.bin, with a tokenizer.bin).\n"
+            "Model files: GGUF (v2/v3), model packages (.spk) or llama2.c checkpoints (.bin,\n"
+            "with a tokenizer.bin).\n"
             "\n"
             "exit status: 0 success, 1 runtime or library error (message on stderr),\n"
             "             2 usage error (bad command, option or value).\n",
@@ -64,6 +71,12 @@ static const struct {
     {"plan", cmd_plan, help_plan},
     {"eval", cmd_eval, help_eval},
     {"quantize", cmd_quantize, help_quantize},
+    {"pack", cmd_pack, help_pack},
+    {"install", cmd_install, help_install},
+    {"diff", cmd_diff, help_diff},
+    {"update", cmd_update, help_update},
+    {"patch", cmd_patch, help_patch},
+    {"edit", cmd_edit, help_edit},
     {"template", cmd_template, help_template},
 };
 

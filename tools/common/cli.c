@@ -28,7 +28,21 @@ int default_threads(void) {
 }
 
 const char *kv_type_name(enum sp_kv_type t) {
-    return t == SP_KV_F16 ? "f16" : t == SP_KV_F32 ? "f32" : "?";
+    const char *n = sp_kv_type_name(t);
+    return n ? n : "?";
+}
+
+int list_cache_types(void) {
+    for (int t = 0; t < SP_KV_TYPE_COUNT; t++) printf("%s %g\n", sp_kv_type_name((enum sp_kv_type)t), sp_kv_type_bits((enum sp_kv_type)t));
+    return fflush(stdout) == 0 ? EXIT_OK : EXIT_RUNTIME;
+}
+
+enum sp_kv_type parse_cache_type(struct argp *a, const char *v) {
+    enum sp_kv_type t;
+    if (sp_kv_type_from_name(v, &t) != SP_OK)
+        usage_error(a->cmd, "%s: unknown cache type '%s' (f32, f16, q8_0, q4_0, q4h; see --list-cache-types)", a->name,
+                    v);
+    return t;
 }
 
 /* ---- errors ----------------------------------------------------------------- */
@@ -288,11 +302,12 @@ int session_opt(struct argp *a, struct sp_session_params *sp) {
         sp->n_ctx = (int32_t)parse_int(a, opt_value(a), 0, INT32_MAX);
     } else if (opt_is(a, "-b", "--batch")) {
         sp->n_batch = (int32_t)parse_int(a, opt_value(a), 0, MAX_BATCH);
+    } else if (opt_is(a, "-ctk", "--cache-type-k")) {
+        sp->kv_type_k = parse_cache_type(a, opt_value(a));
+    } else if (opt_is(a, "-ctv", "--cache-type-v")) {
+        sp->kv_type_v = parse_cache_type(a, opt_value(a));
     } else if (opt_is(a, NULL, "--kv-type")) {
-        const char *v = opt_value(a);
-        if (strcmp(v, "f32") == 0) sp->kv_type = SP_KV_F32;
-        else if (strcmp(v, "f16") == 0) sp->kv_type = SP_KV_F16;
-        else usage_error(a->cmd, "%s: expected f32 or f16, got '%s'", a->name, v);
+        sp->kv_type_k = sp->kv_type_v = parse_cache_type(a, opt_value(a));
     } else {
         return 0;
     }

@@ -66,16 +66,31 @@ uint64_t parse_size(struct argp *a, const char *s);
 double parse_num(struct argp *a, const char *s, double lo, double hi, int lo_open);
 void unknown_option(struct argp *a) __attribute__((noreturn));
 int is_option(const char *arg);
-/* The session options run, bench, plan share: -t, -c, -b, --kv-type.
+/* The session options run, bench, plan share: -t, -c, -b, -ctk, -ctv,
+ * --kv-type (both).
  * Returns 1 when argv[i] was one of them. */
 int session_opt(struct argp *a, struct sp_session_params *sp);
 /* The end of every command's option chain: -v, else a usage error. */
 void last_opt(struct argp *a, const char *hint);
 
+/* The help lines of the cache options session_opt parses (defaults: the
+ * library's, f16). */
+#define CLI_HELP_CACHE_TYPES                                                                                           \
+    "  -ctk, --cache-type-k T  KV cache type of keys: f32, f16, q8_0, q4_0 or q4h\n"                                 \
+    "                          (Sparrow's 4.5-bit type; see --list-cache-types)\n"                                   \
+    "                          (default: f16)\n"                                                                     \
+    "  -ctv, --cache-type-v T  KV cache type of values, as -ctk (default: f16)\n"                                    \
+    "      --kv-type T         both at once\n"                                                                       \
+    "      --list-cache-types  print each cache type and its bits per value, then exit\n"
+
 /* ---- utilities ------------------------------------------------------------------ */
 
 int default_threads(void);
 const char *kv_type_name(enum sp_kv_type t);
+/* --list-cache-types: "NAME BITS" per line on stdout; returns an exit status. */
+int list_cache_types(void);
+/* A cache type name, else a usage error. */
+enum sp_kv_type parse_cache_type(struct argp *a, const char *v);
 double now_s(void);
 /* Read a whole file ('-' = stdin); 0, or -1 with a message printed. */
 int read_all(const char *cmd, const char *path, char **out, size_t *len);

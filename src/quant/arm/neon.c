@@ -15,6 +15,7 @@
 
 #include <arm_neon.h>
 #include <float.h>
+#include <math.h>
 #include <string.h>
 
 /* acc + the products of the 16 int8 lanes of a and b, in some lane order. */
@@ -275,4 +276,117 @@ void sp_quant_register_native_neon(struct sp_qtraits *ntable, const struct sp_cp
     if (!f->neon) return;
     armn_install(ntable);
     if (f->dotprod) sp_quant_register_native_dotprod(ntable, f);
+}
+
+/* ==========================================================================
+ * The F32 attention kernels of quant/kv.h: four key rows at a time against
+ * one query (fused multiply-adds, another summation order than the
+ * reference); values accumulated for up to 8 queries per run of 4 columns,
+ * multiply then add in row order (the reference's bits).
+ * ========================================================================== */
+#include "quant/kv.h"
+
+static void kv_scores_neon(const float *restrict q, int32_t q_ld, int32_t n_q, const float *restrict k, int32_t n,
+                           int32_t hd, float scale, float *restrict s) {
+    const int32_t hv = hd - hd % 4;
+    for (int32_t i = 0; i < n_q; i++) {
+        const float *qi = q + (size_t)i * q_ld;
+        float *si = s + (size_t)i * n;
+        int32_t r = 0;
+        for (; r + 4 <= n; r += 4) {
+            const float *k0 = k + (size_t)r * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+            float32x4_t a0 = vdupq_n_f32(0), a1 = a0, a2 = a0, a3 = a0;
+            for (int32_t c = 0; c < hv; c += 4) {
+                const float32x4_t qv = vld1q_f32(qi + c);
+                a0 = vfmaq_f32(a0, qv, vld1q_f32(k0 + c));
+                a1 = vfmaq_f32(a1, qv, vld1q_f32(k1 + c));
+                a2 = vfmaq_f32(a2, qv, vld1q_f32(k2 + c));
+                a3 = vfmaq_f32(a3, qv, vld1q_f32(k3 + c));
+            }
+            float t0 = vaddvq_f32(a0), t1 = vaddvq_f32(a1), t2 = vaddvq_f32(a2), t3 = vaddvq_f32(a3);
+            for (int32_t c = hv; c < hd; c++) {
+                t0 += qi[c] * k0[c];
+                t1 += qi[c] * k1[c];
+                t2 += qi[c] * k2[c];
+                t3 += qi[c] * k3[c];
+            }
+            si[r] = t0 * scale;
+            si[r + 1] = t1 * scale;
+            si[r + 2] = t2 * scale;
+            si[r + 3] = t3 * scale;
+        }
+        for (; r < n; r++) {
+            const float *kr = k + (size_t)r * hd;
+            float32x4_t a = vdupq_n_f32(0);
+            for (int32_t c = 0; c < hv; c += 4) a = vfmaq_f32(a, vld1q_f32(qi + c), vld1q_f32(kr + c));
+            float t = vaddvq_f32(a);
+            for (int32_t c = hv; c < hd; c++) t += qi[c] * kr[c];
+            si[r] = t * scale;
+        }
+    }
+}
+
+static void kv_accum_neon(const float *restrict p, int32_t n_q, const float *restrict v, int32_t n, int32_t hd,
+                          float *restrict o, int32_t o_ld) {
+    enum { QB = 8 };
+    const int32_t hv = hd - hd % 4;
+    for (int32_t i0 = 0; i0 < n_q; i0 += QB) {
+        const int32_t nq = n_q - i0 < QB ? n_q - i0 : QB;
+        const float *pb = p + (size_t)i0 * n;
+        float *ob = o + (size_t)i0 * o_ld;
+        for (int32_t c = 0; c < hv; c += 4) {
+            float32x4_t acc[QB];
+            for (int32_t i = 0; i < nq; i++) acc[i] = vld1q_f32(ob + (size_t)i * o_ld + c);
+            for (int32_t r = 0; r < n; r++) {
+                const float32x4_t vr = vld1q_f32(v + (size_t)r * hd + c);
+                for (int32_t i = 0; i < nq; i++) acc[i] = vaddq_f32(acc[i], vmulq_n_f32(vr, pb[(size_t)i * n + r]));
+            }
+            for (int32_t i = 0; i < nq; i++) vst1q_f32(ob + (size_t)i * o_ld + c, acc[i]);
+        }
+        for (int32_t i = 0; i < nq; i++) {
+            float *oi = ob + (size_t)i * o_ld;
+            for (int32_t r = 0; r < n; r++) {
+                const float a = pb[(size_t)i * n + r];
+                for (int32_t c = hv; c < hd; c++) {
+                    const float prod = a * v[(size_t)r * hd + c];
+                    oi[c] = oi[c] + prod;
+                }
+            }
+        }
+    }
+}
+
+/* exp(x) for x <= 0 lanes as the x86 variant: Cody-Waite reduction, degree-6
+ * Taylor polynomial, 2^n through the exponent bits; below -87.3 gives 0. */
+static inline float32x4_t kv_exp_neon(float32x4_t x) {
+    const float32x4_t lo = vdupq_n_f32(-87.33654f);
+    const uint32x4_t ok = vcgeq_f32(x, lo);
+    x = vmaxq_f32(x, lo);
+    const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+    float32x4_t r = vfmsq_n_f32(x, n, 0.693359375f);
+    r = vfmsq_n_f32(r, n, -2.12194440e-4f);
+    float32x4_t p = vdupq_n_f32(1.0f / 720.0f);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 120.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 24.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f / 6.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(0.5f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    const float32x4_t y = vmulq_f32(p, vreinterpretq_f32_s32(e));
+    return vreinterpretq_f32_u32(vandq_u32(ok, vreinterpretq_u32_f32(y)));
+}
+
+static void kv_exp_vec_neon(float *x, int32_t n, float m) {
+    const float32x4_t mv = vdupq_n_f32(m);
+    int32_t r = 0;
+    for (; r + 4 <= n; r += 4) vst1q_f32(x + r, kv_exp_neon(vsubq_f32(vld1q_f32(x + r), mv)));
+    for (; r < n; r++) x[r] = expf(x[r] - m);
+}
+
+void sp_attn_register_neon(struct sp_attn_kernels *k, const struct sp_cpu_features *f) {
+    if (!f->neon) return;
+    k->scores = kv_scores_neon;
+    k->accum = kv_accum_neon;
+    k->exp = kv_exp_vec_neon;
 }

@@ -20,3 +20,13 @@ void sp_quant_register_native_avx2(struct sp_qtraits *ntable, const struct sp_cp
     spxn_install(ntable);
     spx_install_resident(ntable);
 }
+
+#define SPX_KV_512 0
+#include "kv_kernels.inc"
+
+void sp_attn_register_avx2(struct sp_attn_kernels *k, const struct sp_cpu_features *f) {
+    if (!f->avx2 || !f->fma) return;
+    k->scores = kv_scores_avx2;
+    k->accum = kv_accum_avx2;
+    k->exp = kv_exp_avx2;
+}

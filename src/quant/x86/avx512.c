@@ -23,3 +23,13 @@ void sp_quant_register_native_avx512(struct sp_qtraits *ntable, const struct sp_
     spxn_install(ntable);
     spx_install_resident(ntable);
 }
+
+#define SPX_KV_512 1
+#include "kv_kernels.inc"
+
+void sp_attn_register_avx512(struct sp_attn_kernels *k, const struct sp_cpu_features *f) {
+    if (!f->avx512f) return;
+    k->scores = kv_scores_avx512;
+    k->accum = kv_accum_avx512;
+    k->exp = kv_exp_avx512;
+}

@@ -1,0 +1,123 @@
+/*
+ * kv.h -- the element types of the KV cache and the kernels attention runs
+ * on them.
+ *
+ * A KV type stores one head's row (head_dim values) of a key or a value.
+ * f32, f16, q8_0 and q4_0 are ggml's formats, stored as llama.cpp stores
+ * them (q8_0 / q4_0 need head_dim % 32 == 0).  q4h is Sparrow's own: each
+ * 32-value block of the row is rotated by a fixed orthonormal transform
+ * (random signs, then a 32-point Walsh-Hadamard transform, / sqrt(32)) and
+ * stored as i4n_b32 -- the non-uniform 4-bit levels with an FP16 scale
+ * fitted by least squares (native.h) -- 18 bytes per 32 values, q4_0's size.
+ * The rotation spreads a channel outlier (a bias, a norm weight) over its
+ * block, which is what uniform per-token blocks quantize worst; because it
+ * is orthonormal, q . k is the same in the rotated basis, so attention
+ * rotates the query once instead of un-rotating every key, and accumulates
+ * rotated values, rotating the output back once (docs/MEMORY.md).
+ *
+ * Attention (src/kv/cache.c) works on tiles of up to SP_KV_TILE rows: a
+ * tile's rows are converted to F32 in the type's domain (rotated for q4h)
+ * by sp_kv_rows_to_float, then the F32 kernels below compute scores and
+ * accumulate values.  Every kernel has a plain-C reference; the ISA files
+ * (x86/kv_avx2.c, x86/kv_avx512.c, arm/kv_neon.c) replace table entries at
+ * sp_quant_init and are tested against the references (tests/test_kv.c).
+ */
+#ifndef SP_QUANT_KV_H
+#define SP_QUANT_KV_H
+
+#include "core/core.h"
+#include "core/cpu.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define SP_KV_TILE 32          /* rows attention converts and scores at a time */
+#define SP_KV_ROT_BLOCK 32     /* q4h's rotation block */
+#define SP_KV_MAX_HEAD_DIM 1024 /* largest head the cache takes (stack scratch) */
+
+struct sp_kv_type_info {
+    const char *name;      /* "f16", "q4h", as -ctk / -ctv spell them */
+    double bits;           /* nominal bits per value as stored */
+    uint32_t qtype;        /* the block type a row is stored as (quant.h / native.h ids) */
+    int32_t block;         /* head_dim must be a multiple of this */
+    bool rotated;          /* q4h: rows live in the rotated basis */
+    const char *about;     /* one line for --list-cache-types */
+};
+
+/* Facts of type t, or NULL for an id outside the enum. */
+const struct sp_kv_type_info *sp_kv_type_get(enum sp_kv_type t);
+
+/* Bytes of one row of hd values of type t; 0 if hd is not a multiple of the
+ * type's block. */
+size_t sp_kv_row_bytes(enum sp_kv_type t, int32_t hd);
+
+/* Store one row: x (hd floats, the original basis) -> dst (sp_kv_row_bytes).
+ * note: call only with hd a multiple of the type's block and <= SP_KV_MAX_HEAD_DIM. */
+void sp_kv_row_store(enum sp_kv_type t, const float *x, void *dst, int32_t hd);
+
+/* Load one row back into the original basis (the inverse rotation for q4h):
+ * what a context shift re-rotates and a session file may convert. */
+void sp_kv_row_load(enum sp_kv_type t, const void *src, float *x, int32_t hd);
+
+/* Convert n rows (row pointers) to F32 in the type's domain (rotated for
+ * q4h): out row r at out + r * hd.  The attention's tile conversion. */
+void sp_kv_rows_to_float(enum sp_kv_type t, const void *const *rows, int32_t n, int32_t hd, float *out);
+
+/* The query for keys of type t: q (hd floats) rotated as the keys are, into
+ * out (may equal q).  Identity for the unrotated types. */
+void sp_kv_query_prep(enum sp_kv_type t, const float *q, float *out, int32_t hd);
+
+/* The output accumulated over values of type t, rotated back in place.
+ * Identity for the unrotated types. */
+void sp_kv_output_fix(enum sp_kv_type t, float *o, int32_t hd);
+
+/* The orthonormal transform of q4h on one block of SP_KV_ROT_BLOCK floats,
+ * in place, and its inverse (tests). */
+void sp_kv_rotate(float *x);
+void sp_kv_unrotate(float *x);
+
+/* ---- F32 attention kernels ------------------------------------------------
+ * scores:  s[i * n + r] = scale * dot(q[i * q_ld .. + hd), k[r * hd .. + hd))
+ *          for i < n_q queries and r < n rows (n <= SP_KV_TILE)
+ * accum:   o[i * o_ld + c] += sum over r < n of p[i * n + r] * v[r * hd + c]
+ *          (row order r = 0, 1, ...: each o element adds its products in
+ *          row order, one rounding per product and per sum, no FMA, so every
+ *          variant gives the reference's bits)
+ * Any hd >= 1; n_q >= 1. */
+typedef void (*sp_attn_scores_fn)(const float *restrict q, int32_t q_ld, int32_t n_q, const float *restrict k,
+                                  int32_t n, int32_t hd, float scale, float *restrict s);
+typedef void (*sp_attn_accum_fn)(const float *restrict p, int32_t n_q, const float *restrict v, int32_t n, int32_t hd,
+                                 float *restrict o, int32_t o_ld);
+/* x[r] = exp(x[r] - m) for r < n (the softmax's numerators, m the running
+ * max).  The reference uses expf; the SIMD variants a polynomial within a
+ * few ulp of it. */
+typedef void (*sp_attn_exp_fn)(float *x, int32_t n, float m);
+
+struct sp_attn_kernels {
+    sp_attn_scores_fn scores;
+    sp_attn_accum_fn accum;
+    sp_attn_exp_fn exp;
+};
+
+/* The dispatched kernels (after sp_quant_init) and the references. */
+const struct sp_attn_kernels *sp_attn_kernels_get(void);
+const struct sp_attn_kernels *sp_attn_kernels_ref(void);
+
+void sp_attn_scores_ref(const float *restrict q, int32_t q_ld, int32_t n_q, const float *restrict k, int32_t n,
+                        int32_t hd, float scale, float *restrict s);
+void sp_attn_accum_ref(const float *restrict p, int32_t n_q, const float *restrict v, int32_t n, int32_t hd,
+                       float *restrict o, int32_t o_ld);
+void sp_attn_exp_ref(float *x, int32_t n, float m);
+
+/* Called by sp_quant_init (traits.c) to fill the table from CPU features. */
+void sp_attn_kernels_init(void);
+
+#if defined(__x86_64__)
+void sp_attn_register_avx2(struct sp_attn_kernels *k, const struct sp_cpu_features *f);
+void sp_attn_register_avx512(struct sp_attn_kernels *k, const struct sp_cpu_features *f);
+#endif
+#if defined(__aarch64__)
+void sp_attn_register_neon(struct sp_attn_kernels *k, const struct sp_cpu_features *f);
+#endif
+
+#endif /* SP_QUANT_KV_H */

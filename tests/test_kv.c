@@ -1,0 +1,430 @@
+/*
+ * test_kv.c -- the KV cache: its element types (store/load, q4h's rotation,
+ * quality against q4_0), the attention kernels of every ISA variant against
+ * their references, the cell bookkeeping (blocks, refcounts, forks, holes)
+ * against a shadow model, and streaming attention over cells against a
+ * plain double-precision softmax -- with quantized types, shifts, shared
+ * blocks and split decodes, and bit-identical results whatever the slots.
+ */
+#include "test_util.h"
+
+#include "kv/cache.h"
+#include "kv/cells.h"
+#include "quant/kv.h"
+#include "quant/quant.h"
+#include "sched/pool.h"
+
+#include <float.h>
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float frand(void) { /* uniform in [-1, 1) */
+    return (float)(rnd() & 0xffffff) / 8388608.0f - 1.0f;
+}
+static float gauss(void) {
+    float s = 0;
+    for (int i = 0; i < 4; i++) s += frand();
+    return s * 0.8660254f; /* variance 4/3 * 3/4 = 1 */
+}
+
+/* ---- types ------------------------------------------------------------------ */
+
+/* Relative RMS error of store+load over rows of hd values; offsets adds a
+ * fixed per-channel offset (a bias: what q4h's rotation is for). */
+static double roundtrip_err(enum sp_kv_type t, int32_t hd, int rows, bool offsets) {
+    float x[256], y[256], off[256];
+    uint8_t buf[1200];
+    for (int c = 0; c < hd; c++) off[c] = offsets && c % 13 == 5 ? 6.0f * (c % 2 ? 1 : -1) : 0.0f;
+    double e = 0, n = 0;
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < hd; c++) x[c] = gauss() + off[c];
+        sp_kv_row_store(t, x, buf, hd);
+        sp_kv_row_load(t, buf, y, hd);
+        for (int c = 0; c < hd; c++) {
+            e += (double)(x[c] - y[c]) * (x[c] - y[c]);
+            n += (double)x[c] * x[c];
+        }
+    }
+    return sqrt(e / n);
+}
+
+static void test_types(void) {
+    for (int t = 0; t < SP_KV_TYPE_COUNT; t++) {
+        const struct sp_kv_type_info *ti = sp_kv_type_get((enum sp_kv_type)t);
+        CHECK(ti && ti->name && ti->bits > 0);
+        enum sp_kv_type back;
+        CHECK(sp_kv_type_from_name(ti->name, &back) == SP_OK && back == (enum sp_kv_type)t);
+        /* bits per value as stored = nominal */
+        const size_t rb = sp_kv_row_bytes((enum sp_kv_type)t, 128);
+        CHECKF(fabs((double)rb * 8 / 128 - ti->bits) < 1e-9, "%s: %zu bytes per 128 values vs %g bits", ti->name, rb,
+               ti->bits);
+        CHECK(ti->block == 1 || sp_kv_row_bytes((enum sp_kv_type)t, 8) == 0);
+    }
+    CHECK(sp_kv_type_get(SP_KV_TYPE_COUNT) == NULL);
+    enum sp_kv_type dummy;
+    CHECK(sp_kv_type_from_name("q3_z", &dummy) == SP_E_INVALID && strstr(sp_last_error(), "q3_z"));
+    CHECK(strcmp(sp_kv_type_name(SP_KV_Q4H), "q4h") == 0 && sp_kv_type_bits(SP_KV_Q4_0) == 4.5);
+
+    /* the rotation is orthonormal: inverse, norm and dot products kept */
+    float a[32], b[32], a0[32], b0[32];
+    for (int i = 0; i < 32; i++) a[i] = a0[i] = gauss(), b[i] = b0[i] = gauss();
+    double dot0 = 0, dot1 = 0, n0 = 0, n1 = 0;
+    for (int i = 0; i < 32; i++) dot0 += (double)a[i] * b[i], n0 += (double)a[i] * a[i];
+    sp_kv_rotate(a);
+    sp_kv_rotate(b);
+    for (int i = 0; i < 32; i++) dot1 += (double)a[i] * b[i], n1 += (double)a[i] * a[i];
+    CHECKF(fabs(dot0 - dot1) < 1e-4 && fabs(n0 - n1) < 1e-4, "rotation keeps dots: %g vs %g", dot0, dot1);
+    sp_kv_unrotate(a);
+    float md = 0;
+    for (int i = 0; i < 32; i++) md = fmaxf(md, fabsf(a[i] - a0[i]));
+    CHECKF(md < 1e-5f, "unrotate(rotate(x)) off by %g", md);
+    /* a one-hot row spreads over the whole block */
+    float h[32] = {0};
+    h[7] = 1.0f;
+    sp_kv_rotate(h);
+    for (int i = 0; i < 32; i++) CHECK(fabsf(fabsf(h[i]) - 0.17677669f) < 1e-6f);
+
+    /* round trips: exact for f32, small for the rest; q4h beats q4_0 */
+    const double e32 = roundtrip_err(SP_KV_F32, 128, 16, false), e16 = roundtrip_err(SP_KV_F16, 128, 16, false);
+    const double e8 = roundtrip_err(SP_KV_Q8_0, 128, 64, false), e4 = roundtrip_err(SP_KV_Q4_0, 128, 64, false);
+    const double eh = roundtrip_err(SP_KV_Q4H, 128, 64, false);
+    const double e4o = roundtrip_err(SP_KV_Q4_0, 128, 64, true), eho = roundtrip_err(SP_KV_Q4H, 128, 64, true);
+    printf("  row round trips, relative RMS: f32 %.2g f16 %.2g q8_0 %.3g q4_0 %.3g q4h %.3g; with channel offsets "
+           "q4_0 %.3g q4h %.3g\n", e32, e16, e8, e4, eh, e4o, eho);
+    CHECK(e32 == 0.0);
+    CHECK(e16 < 1e-3 && e8 < 0.01 && e4 < 0.15 && eh < 0.15);
+    CHECKF(eh < 0.95 * e4, "q4h %.4f vs q4_0 %.4f on Gaussian rows", eh, e4);
+    CHECKF(eho < 0.6 * e4o, "q4h %.4f vs q4_0 %.4f with channel offsets", eho, e4o);
+    /* q4h's domain: rows_to_float gives the rotated row, query_prep rotates
+     * the query alike, so dots agree with the original basis */
+    float x[64], q[64], qr[64], xr[64], back[64];
+    uint8_t buf[64];
+    for (int c = 0; c < 64; c++) x[c] = gauss(), q[c] = gauss();
+    sp_kv_row_store(SP_KV_Q4H, x, buf, 64);
+    const void *rows[1] = {buf};
+    sp_kv_rows_to_float(SP_KV_Q4H, rows, 1, 64, xr);
+    sp_kv_row_load(SP_KV_Q4H, buf, back, 64);
+    sp_kv_query_prep(SP_KV_Q4H, q, qr, 64);
+    double d_rot = 0, d_orig = 0;
+    for (int c = 0; c < 64; c++) d_rot += (double)qr[c] * xr[c], d_orig += (double)q[c] * back[c];
+    CHECKF(fabs(d_rot - d_orig) < 1e-4, "q4h dot in the rotated basis %g vs original %g", d_rot, d_orig);
+    memcpy(back, xr, sizeof xr);
+    sp_kv_output_fix(SP_KV_Q4H, back, 64);
+    float back2[64];
+    sp_kv_row_load(SP_KV_Q4H, buf, back2, 64);
+    md = 0;
+    for (int c = 0; c < 64; c++) md = fmaxf(md, fabsf(back[c] - back2[c]));
+    CHECKF(md < 1e-5f, "output_fix(rows_to_float) vs row_load: %g", md);
+}
+
+/* ---- kernels --------------------------------------------------------------------- */
+
+static void test_kernels(void) {
+    const struct sp_attn_kernels *k = sp_attn_kernels_get(), *r = sp_attn_kernels_ref();
+    printf("  attention kernels: scores %s, accum %s, exp %s\n", k->scores == r->scores ? "ref" : "simd",
+           k->accum == r->accum ? "ref" : "simd", k->exp == r->exp ? "ref" : "simd");
+    static float q[16 * 300], kk[32 * 300], s1[16 * 32], s2[16 * 32], o1[16 * 300], o2[16 * 300], p[16 * 32];
+    const int32_t hds[] = {8, 16, 32, 33, 64, 96, 128, 256, 300};
+    for (size_t h = 0; h < SP_ARRAY_LEN(hds); h++) {
+        const int32_t hd = hds[h];
+        for (int32_t nq = 1; nq <= 16; nq += 5) {
+            for (int32_t n = 1; n <= 32; n += 7) {
+                for (int i = 0; i < nq * hd; i++) q[i] = gauss();
+                for (int i = 0; i < n * hd; i++) kk[i] = gauss();
+                r->scores(q, hd, nq, kk, n, hd, 0.125f, s1);
+                k->scores(q, hd, nq, kk, n, hd, 0.125f, s2);
+                float md = 0;
+                for (int i = 0; i < nq * n; i++) md = fmaxf(md, fabsf(s1[i] - s2[i]));
+                CHECKF(md < 1e-5f * sqrtf((float)hd), "scores hd %d nq %d n %d: max diff %g", hd, nq, n, md);
+                for (int i = 0; i < nq * n; i++) p[i] = fabsf(frand());
+                for (int i = 0; i < nq * hd; i++) o1[i] = o2[i] = frand();
+                r->accum(p, nq, kk, n, hd, o1, hd);
+                k->accum(p, nq, kk, n, hd, o2, hd);
+                CHECKF(memcmp(o1, o2, (size_t)nq * hd * sizeof(float)) == 0, "accum hd %d nq %d n %d: not the "
+                       "reference's bits", hd, nq, n);
+            }
+        }
+    }
+    /* exp: within a few ulp of expf over the range softmax uses; -inf and
+     * far-negative inputs give 0 */
+    static float xs[1000], ys[1000];
+    for (int i = 0; i < 1000; i++) xs[i] = ys[i] = -90.0f * (float)i / 999.0f;
+    xs[999] = ys[999] = -INFINITY;
+    xs[998] = ys[998] = -1e30f;
+    r->exp(xs, 1000, 0.0f);
+    k->exp(ys, 1000, 0.0f);
+    float mrel = 0;
+    for (int i = 0; i < 998; i++) {
+        if (xs[i] > 1e-37f) mrel = fmaxf(mrel, fabsf(ys[i] - xs[i]) / xs[i]);
+    }
+    CHECKF(mrel < 5e-7f, "exp: max relative error %g", mrel);
+    CHECK(ys[999] == 0.0f && ys[998] == 0.0f && xs[999] == 0.0f);
+    ys[0] = 3.0f;
+    k->exp(ys, 1, 3.0f);
+    CHECK(ys[0] == 1.0f);
+}
+
+/* ---- cells ------------------------------------------------------------------------- */
+
+static void check_refs(struct sp_kv_blocks *b, struct sp_kv_cells *const *seqs, int n_seqs) {
+    /* every block's refcount = the sequences with a cell in it; cells of a
+     * block consecutive in each sequence; held = distinct blocks */
+    static uint32_t refs[4096];
+    memset(refs, 0, sizeof refs);
+    for (int s = 0; s < n_seqs; s++) {
+        const struct sp_kv_cells *c = seqs[s];
+        static uint8_t seen[4096];
+        memset(seen, 0, sizeof seen);
+        uint32_t held = 0;
+        int64_t last = -1;
+        for (uint32_t i = 0; i < c->n; i++) {
+            const uint32_t blk = c->slot[i] / SP_KV_BLOCK;
+            if ((int64_t)blk != last) {
+                CHECKF(!seen[blk], "seq %d: block %u's cells are not consecutive", s, blk);
+                seen[blk] = 1;
+                refs[blk]++;
+                held++;
+                last = blk;
+            }
+            if (i) CHECK(c->pos[i] > c->pos[i - 1]);
+        }
+        CHECKF(held == c->held, "seq %d holds %u blocks, counted %u", s, c->held, held);
+        CHECK(held <= c->quota);
+    }
+    uint32_t used = 0;
+    for (uint32_t i = 0; i < b->n; i++) {
+        CHECKF(refs[i] == b->refs[i], "block %u: refcount %u, %u sequences use it", i, b->refs[i], refs[i]);
+        used += refs[i] > 0;
+    }
+    CHECK(used == b->n - b->n_free);
+}
+
+static int n_copies;
+static void copy_count(void *u, uint32_t from, uint32_t to) {
+    (void)from;
+    (void)to;
+    (*(int *)u)++;
+}
+
+static void test_cells(void) {
+    struct sp_kv_blocks b;
+    CHECK(sp_kv_blocks_init(&b) == SP_OK);
+    enum { NS = 3, CAP = 200 };
+    struct sp_kv_cells c[NS];
+    struct sp_kv_cells *ptr[NS];
+    for (int s = 0; s < NS; s++) {
+        CHECK(sp_kv_blocks_add(&b, sp_kv_cells_quota(CAP)) == SP_OK);
+        CHECK(sp_kv_cells_init(&c[s], &b, CAP, copy_count, &n_copies) == SP_OK);
+        ptr[s] = &c[s];
+    }
+    /* shadow: the token ids each sequence should hold */
+    static int32_t shadow[NS][CAP];
+    uint32_t sn[NS] = {0};
+    int32_t next_tok = 1;
+    uint32_t written[4096 * 1];
+    memset(written, 0, sizeof written);
+    for (int step = 0; step < 4000; step++) {
+        const int s = (int)(rnd() % NS);
+        const uint32_t op = rnd() % 10;
+        if (op < 5) { /* append */
+            const uint32_t want = 1 + rnd() % 40, n = SP_MIN(want, CAP - c[s].n);
+            int32_t toks[40];
+            for (uint32_t i = 0; i < n; i++) toks[i] = next_tok++;
+            const int32_t pos0 = c[s].n ? c[s].pos[c[s].n - 1] + 1 : 0;
+            const uint32_t n0 = c[s].n;
+            if (sp_kv_cells_append(&c[s], toks, n, pos0) != SP_OK) {
+                CHECKF(0, "step %d: %s (held %u %u %u, free %u of %u)", step, sp_last_error(), c[0].held, c[1].held,
+                       c[2].held, b.n_free, b.n);
+                check_refs(&b, ptr, NS);
+                break;
+            }
+            /* a written slot belongs to no other sequence */
+            for (uint32_t i = n0; i < c[s].n; i++) {
+                for (int o = 0; o < NS; o++) {
+                    if (o == s) continue;
+                    for (uint32_t k = 0; k < c[o].n; k++)
+                        if (c[o].slot[k] == c[s].slot[i]) {
+                            CHECKF(0, "seq %d wrote slot %u that seq %d holds", s, c[s].slot[i], o);
+                            k = c[o].n;
+                        }
+                }
+                for (uint32_t k = 0; k < i; k++) CHECK(c[s].slot[k] != c[s].slot[i]);
+            }
+            memcpy(&shadow[s][sn[s]], toks, n * sizeof *toks);
+            sn[s] += n;
+        } else if (op < 7 && c[s].n) { /* truncate */
+            const uint32_t keep = rnd() % (c[s].n + 1);
+            sp_kv_cells_truncate(&c[s], keep);
+            sn[s] = keep;
+        } else if (op < 9 && c[s].n > 4) { /* a shift: drop a run after 4 sinks */
+            const uint32_t d = 1 + rnd() % (c[s].n - 4);
+            sp_kv_cells_remove(&c[s], 4, d);
+            memmove(&shadow[s][4], &shadow[s][4 + d], (sn[s] - 4 - d) * sizeof(int32_t));
+            sn[s] -= d;
+            for (uint32_t i = 4; i < c[s].n; i++) c[s].pos[i] -= (int32_t)d;
+        } else { /* fork from another sequence */
+            const int o = (s + 1) % NS;
+            sp_kv_cells_truncate(&c[s], 0);
+            const uint32_t n = c[o].n ? rnd() % (c[o].n + 1) : 0;
+            sp_kv_cells_fork(&c[s], &c[o], n);
+            memcpy(shadow[s], shadow[o], n * sizeof(int32_t));
+            sn[s] = n;
+        }
+        CHECK(c[s].n == sn[s]);
+        for (uint32_t i = 0; i < c[s].n; i++) CHECK(c[s].tok[i] == shadow[s][i]);
+        if (step % 50 == 0) check_refs(&b, ptr, NS);
+    }
+    check_refs(&b, ptr, NS);
+    /* unshare gives a sequence blocks of its own, cells and offsets kept */
+    sp_kv_cells_truncate(&c[1], 0);
+    sp_kv_cells_fork(&c[1], &c[0], c[0].n);
+    uint32_t before[CAP];
+    memcpy(before, c[1].slot, c[1].n * sizeof *before);
+    n_copies = 0;
+    CHECK(sp_kv_cells_unshare(&c[1], 0) == SP_OK);
+    CHECKF(n_copies == (int)c[1].n, "unshare copied %d of %u cells", n_copies, c[1].n);
+    for (uint32_t i = 0; i < c[1].n; i++) CHECK(c[1].slot[i] != before[i]);
+    check_refs(&b, ptr, NS);
+    for (int s = 0; s < NS; s++) sp_kv_cells_destroy(&c[s]);
+    CHECK(b.n_free == b.n);
+    sp_kv_blocks_destroy(&b);
+}
+
+/* ---- attention ----------------------------------------------------------------- */
+
+/* The plain reference: for each query token and head, a double-precision
+ * softmax over the visible cells of the rows as stored (loaded back to the
+ * original basis). */
+static void naive_attend(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uint32_t il, const float *q,
+                         uint32_t n_tok, uint32_t n_vis0, float scale, float *out) {
+    const struct sp_kv_geom *g = &kv->g;
+    const uint32_t G = g->n_heads / g->n_kv_heads;
+    static float kr[SP_KV_MAX_HEAD_DIM], vr[SP_KV_MAX_HEAD_DIM];
+    static double sc[4096], acc[SP_KV_MAX_HEAD_DIM];
+    for (uint32_t t = 0; t < n_tok; t++) {
+        for (uint32_t h = 0; h < g->n_heads; h++) {
+            const uint32_t kh = h / G, vis = n_vis0 + t;
+            const float *qh = q + ((size_t)t * g->n_heads + h) * g->hd_k;
+            double mx = -DBL_MAX;
+            for (uint32_t p = 0; p < vis; p++) {
+                sp_kv_row_load(g->type_k, sp_kv_key_row(kv, c->slot[p], il, kh), kr, (int32_t)g->hd_k);
+                double d = 0;
+                for (uint32_t e = 0; e < g->hd_k; e++) d += (double)qh[e] * kr[e];
+                sc[p] = d * scale;
+                mx = sc[p] > mx ? sc[p] : mx;
+            }
+            double sum = 0;
+            for (uint32_t p = 0; p < vis; p++) sum += sc[p] = exp(sc[p] - mx);
+            for (uint32_t e = 0; e < g->hd_v; e++) acc[e] = 0;
+            for (uint32_t p = 0; p < vis; p++) {
+                sp_kv_row_load(g->type_v, sp_kv_value_row(kv, c->slot[p], il, kh), vr, (int32_t)g->hd_v);
+                for (uint32_t e = 0; e < g->hd_v; e++) acc[e] += sc[p] / sum * vr[e];
+            }
+            for (uint32_t e = 0; e < g->hd_v; e++) out[((size_t)t * g->n_heads + h) * g->hd_v + e] = (float)acc[e];
+        }
+    }
+}
+
+static void fill_rows(struct sp_kv_cache *kv, struct sp_kv_cells *c, uint32_t c0, uint32_t n, struct sp_pool *pool) {
+    const struct sp_kv_geom *g = &kv->g;
+    const size_t kd = (size_t)g->n_kv_heads * g->hd_k, vd = (size_t)g->n_kv_heads * g->hd_v;
+    float *k = malloc(n * kd * sizeof *k), *v = malloc(n * vd * sizeof *v);
+    for (uint32_t il = 0; il < g->n_layers; il++) {
+        for (size_t i = 0; i < n * kd; i++) k[i] = 2.0f * gauss() + (i % 7 == 3 ? 3.0f : 0.0f);
+        for (size_t i = 0; i < n * vd; i++) v[i] = gauss();
+        sp_kv_store(kv, c, c0, n, il, k, v, pool);
+    }
+    free(k);
+    free(v);
+}
+
+static void test_attention(void) {
+    struct sp_pool *pool2 = NULL;
+    CHECK(sp_pool_init(2, &pool2) == SP_OK);
+    const struct {
+        uint32_t heads, kv_heads, hd;
+        enum sp_kv_type tk, tv;
+        uint32_t n;      /* cells */
+        uint32_t n_tok;  /* query tokens (the last n_tok cells) */
+    } cases[] = {
+        {4, 4, 32, SP_KV_F32, SP_KV_F32, 40, 1},   {8, 2, 64, SP_KV_F16, SP_KV_F16, 100, 7},
+        {8, 2, 32, SP_KV_Q8_0, SP_KV_Q4_0, 70, 70}, {4, 1, 64, SP_KV_Q4H, SP_KV_Q4H, 600, 1},
+        {8, 8, 32, SP_KV_Q4H, SP_KV_F16, 300, 3},  {16, 2, 32, SP_KV_F32, SP_KV_Q4H, 257, 1},
+        {2, 1, 8, SP_KV_F32, SP_KV_F16, 33, 2},
+    };
+    for (size_t ci = 0; ci < SP_ARRAY_LEN(cases); ci++) {
+        const struct sp_kv_geom g = {2, cases[ci].heads, cases[ci].kv_heads, cases[ci].hd, cases[ci].hd,
+                                     cases[ci].tk, cases[ci].tv};
+        struct sp_kv_cache *kv = NULL;
+        CHECK(sp_kv_cache_init(&g, &kv) == SP_OK);
+        if (!kv) continue;
+        const uint32_t n = cases[ci].n, n_tok = cases[ci].n_tok;
+        struct sp_kv_cells c, c2;
+        CHECK(sp_kv_seq_init(kv, n + 64, &c) == SP_OK);
+        CHECK(sp_kv_seq_init(kv, n + 64, &c2) == SP_OK);
+        /* holes: append more, drop a run after 3 sinks, like a shift */
+        const uint32_t extra = 40;
+        CHECK(sp_kv_cells_append(&c, NULL, n + extra, 0) == SP_OK);
+        fill_rows(kv, &c, 0, n + extra, pool2);
+        sp_kv_cells_remove(&c, 3, extra);
+        const size_t qn = (size_t)n_tok * g.n_heads * g.hd_k, on = (size_t)n_tok * g.n_heads * g.hd_v;
+        float *q = malloc(qn * sizeof *q), *o1 = malloc(on * sizeof *o1), *o2 = malloc(on * sizeof *o2);
+        float *o3 = malloc(on * sizeof *o3), *want = malloc(on * sizeof *want);
+        for (size_t i = 0; i < qn; i++) q[i] = gauss();
+        void *scr = malloc(sp_kv_attend_scratch_bytes(&g, 2));
+        const float scale = 1.0f / sqrtf((float)g.hd_k);
+        const uint32_t vis0 = n - n_tok + 1;
+        sp_kv_attend(kv, &c, 1, q, n_tok, vis0, scale, o1, NULL, scr);
+        sp_kv_attend(kv, &c, 1, q, n_tok, vis0, scale, o2, pool2, scr);
+        naive_attend(kv, &c, 1, q, n_tok, vis0, scale, want);
+        float md = 0, mw = 0;
+        for (size_t i = 0; i < on; i++) md = fmaxf(md, fabsf(o1[i] - want[i])), mw = fmaxf(mw, fabsf(want[i]));
+        CHECKF(md < 2e-5f * fmaxf(1.0f, mw), "case %zu (%s/%s, %u cells, %u tokens): max diff %g vs naive", ci,
+               sp_kv_type_name(g.type_k), sp_kv_type_name(g.type_v), n, n_tok, md);
+        float m12 = 0;
+        for (size_t i = 0; i < on; i++) m12 = fmaxf(m12, fabsf(o1[i] - o2[i]));
+        /* one thread vs two: the same items; a split decode merges chunks */
+        CHECKF(m12 < 2e-5f * fmaxf(1.0f, mw), "case %zu: 1 vs 2 threads differ by %g", ci, m12);
+        /* the same cells in other slots (a fork, then copied): the same bits */
+        sp_kv_cells_fork(&c2, &c, c.n);
+        CHECK(sp_kv_cells_unshare(&c2, 0) == SP_OK);
+        bool moved = false;
+        for (uint32_t i = 0; i < c.n; i++) moved |= c.slot[i] != c2.slot[i];
+        CHECK(moved);
+        sp_kv_attend(kv, &c2, 1, q, n_tok, vis0, scale, o3, pool2, scr);
+        CHECKF(memcmp(o2, o3, on * sizeof *o2) == 0, "case %zu: other slots, other bits", ci);
+        printf("  attention %-4s/%-4s %2u/%u heads hd %3u: %3u cells, %2u tokens: max diff vs double %.2g\n",
+               sp_kv_type_name(g.type_k), sp_kv_type_name(g.type_v), g.n_heads, g.n_kv_heads, g.hd_k, n, n_tok, md);
+        free(scr);
+        free(q);
+        free(o1);
+        free(o2);
+        free(o3);
+        free(want);
+        sp_kv_seq_free(kv, &c2);
+        sp_kv_seq_free(kv, &c);
+        CHECK(sp_kv_cache_bytes(kv) == 0); /* storage goes when no sequence is left */
+        sp_kv_cache_free(kv);
+    }
+    /* a head size a type cannot take is refused by name */
+    const struct sp_kv_geom bad = {1, 8, 4, 8, 8, SP_KV_Q4_0, SP_KV_F16};
+    struct sp_kv_cache *kv = NULL;
+    CHECK(sp_kv_cache_init(&bad, &kv) == SP_E_INVALID && kv == NULL && strstr(sp_last_error(), "q4_0") &&
+          strstr(sp_last_error(), "8"));
+    sp_pool_free(pool2);
+}
+
+int main(void) {
+    sp_quant_init();
+    test_types();
+    test_kernels();
+    test_cells();
+    test_attention();
+    printf("test_kv: %d checks, %d failed\n", test_checks, test_failures);
+    return test_failures != 0;
+}
