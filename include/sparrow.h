@@ -202,12 +202,17 @@ sp_status sp_model_get_meta(const struct sp_model *model, int32_t i, char *key, 
  * Tokenizer
  * ------------------------------------------------------------------------- */
 enum sp_tokenize_flags {
-    SP_TOKENIZE_ADD_BOS = 1u << 0, /* prepend BOS when the vocabulary asks for it */
+    SP_TOKENIZE_ADD_BOS = 1u << 0,       /* prepend BOS when the vocabulary asks for it */
+    SP_TOKENIZE_PARSE_SPECIAL = 1u << 1, /* text of control tokens ("<|im_start|>",
+                                            "</s>") becomes those tokens, as a
+                                            rendered chat template needs */
 };
 
-/* Tokenize len bytes of text (need not be NUL-terminated).  Special-token text
- * is not parsed as special.  Writes up to cap ids into tokens and the count to
- * *n_out; if cap is too small returns SP_E_BUFFER with *n_out = the count needed. */
+/* Tokenize len bytes of text (need not be NUL-terminated).  Without
+ * SP_TOKENIZE_PARSE_SPECIAL special-token text is plain text (user input
+ * cannot forge a turn); user-defined tokens are matched whole either way.
+ * Writes up to cap ids into tokens and the count to *n_out; if cap is too
+ * small returns SP_E_BUFFER with *n_out = the count needed. */
 sp_status sp_tokenize(const struct sp_model *model, const char *text, size_t len, unsigned flags, int32_t *tokens,
                       int32_t cap, int32_t *n_out);
 
@@ -223,6 +228,95 @@ sp_status sp_detokenize(const struct sp_model *model, const int32_t *tokens, int
 
 /* True for end-of-generation tokens (EOS, EOT). */
 bool sp_token_is_eog(const struct sp_model *model, int32_t token);
+
+/* ---------------------------------------------------------------------------
+ * Chat templates (src/chat/): a conversation -> the prompt text the model
+ * was trained on.  Two engines, as llama.cpp's --jinja / --no-jinja:
+ *  SP_CHAT_JINJA  the template's own program (tokenizer.chat_template is a
+ *                 Jinja program) run by a sandboxed interpreter of the subset
+ *                 chat templates use: no file or environment access, bounded
+ *                 output, memory, loop iterations and nesting;
+ *  SP_CHAT_NAMED  hand-written formatters for the families llama.cpp's
+ *                 built-in formatter knows, recognised by substrings of the
+ *                 template (or chosen by name: sp_chat_builtin_templates).
+ * A template that is exactly a family name ("chatml", "llama3", ...) uses
+ * that formatter with either engine.  The rendered text is meant to be
+ * tokenized with SP_TOKENIZE_ADD_BOS | SP_TOKENIZE_PARSE_SPECIAL, so that
+ * "<|im_start|>" and the like become their special tokens.  docs/CHAT.md
+ * lists the families, the Jinja subset and the limits.
+ * All calls here may run concurrently (they only read the model).
+ * ------------------------------------------------------------------------- */
+
+/* A metadata value as text, in full: strings as stored, integers in
+ * decimal, floats with %g, booleans as true/false.  Writes the text and a
+ * NUL into buf and its length (without the NUL) to *len.  SP_E_BUFFER when
+ * cap < *len + 1 (*len is then the length needed, less the NUL);
+ * SP_E_INVALID when the key is absent or holds an array. */
+sp_status sp_model_meta_str(const struct sp_model *model, const char *key, char *buf, size_t cap, size_t *len);
+
+struct sp_chat_message {
+    const char *role;    /* "system", "user", "assistant", "tool", ... */
+    const char *content; /* NUL-terminated; NULL is "" */
+};
+
+enum sp_chat_engine { SP_CHAT_JINJA = 0, SP_CHAT_NAMED = 1, SP_CHAT_ENGINE_COUNT };
+
+struct sp_chat_params {
+    const char *tmpl;          /* Jinja source or a family name; NULL = the model's
+                                  tokenizer.chat_template */
+    enum sp_chat_engine engine;/* default SP_CHAT_JINJA */
+    bool add_assistant;        /* end with the opening of an assistant turn
+                                  (add_generation_prompt); default true */
+    const char *bos_token;     /* the text bos_token stands for; NULL = the
+                                  model's BOS token text ("" without a model) */
+    const char *eos_token;     /* the same for eos_token */
+    const char *vars_json;     /* NULL, or a JSON object whose members become
+                                  template variables (or replace the defaults):
+                                  {"tools": [...], "enable_thinking": false} */
+    const char *messages_json; /* NULL, or a JSON array of message objects used
+                                  instead of the msgs array: fields beyond role
+                                  and content (tool_calls, name, ...) reach the
+                                  template.  Content given as a list of
+                                  {"type": "text", "text": ...} parts is joined
+                                  with newlines. */
+    bool keep_bos;             /* with a model whose tokenizer adds BOS itself:
+                                  false (default) drops a leading BOS text from
+                                  the result, as llama.cpp does, so the prompt
+                                  does not start with two BOS tokens */
+    size_t max_output;         /* bytes of rendered text; 0 = 64 MiB */
+    uint64_t max_iterations;   /* loop iterations and macro calls; 0 = 1,000,000 */
+};
+struct sp_chat_params sp_chat_default_params(void);
+
+/* Render n messages into buf with the template and engine of params (NULL
+ * = defaults).  model may be NULL when params->tmpl is set; with a model,
+ * bos_token / eos_token default to its tokens' text.  Writes the prompt and
+ * a NUL; *len = its length without the NUL.  Returns:
+ *  SP_OK;
+ *  SP_E_BUFFER      cap < *len + 1 (*len is the length needed, less the NUL);
+ *  SP_E_FORMAT      the template failed: a syntax error, a runtime error, its
+ *                   raise_exception, or a limit; the message gives the line and
+ *                   column ("chat template: line 3, column 12: ..."); also bad
+ *                   messages_json / vars_json;
+ *  SP_E_UNSUPPORTED a construct, filter or test the interpreter lacks; with
+ *                   SP_CHAT_NAMED, a template no formatter recognises; no
+ *                   template given and the model has none;
+ *  SP_E_INVALID, SP_E_NOMEM. */
+sp_status sp_chat_apply(const struct sp_model *model, const struct sp_chat_params *params,
+                        const struct sp_chat_message *msgs, size_t n, char *buf, size_t cap, size_t *len);
+
+/* sp_chat_apply with default params but for tmpl (NULL = the model's) and
+ * add_assistant. */
+sp_status sp_chat_apply_template(const struct sp_model *model, const char *tmpl, const struct sp_chat_message *msgs,
+                                 size_t n, bool add_assistant, char *buf, size_t cap, size_t *len);
+
+/* The named formatters' family names, sorted (static strings): writes up to
+ * cap of them into names (NULL when cap is 0) and returns how many exist. */
+int32_t sp_chat_builtin_templates(const char **names, size_t cap);
+
+/* The family name SP_CHAT_NAMED would format tmpl with, or NULL if none
+ * recognises it.  Static string. */
+const char *sp_chat_detect_template(const char *tmpl);
 
 /* ---------------------------------------------------------------------------
  * Session: one conversation -- its tokens, their KV cache, scratch, sampler.

@@ -6,6 +6,7 @@
 #include "sparrow.h"
 
 #include "api_internal.h"
+#include "chat/chat.h"
 #include "core/core.h"
 #include "core/cpu.h"
 #include "core/file.h"
@@ -291,7 +292,8 @@ sp_status sp_tokenize(const struct sp_model *m, const char *text, size_t len, un
     if (!m || (!text && len) || !n_out || (cap > 0 && !tokens) || cap < 0) {
         return sp_err(SP_E_INVALID, "%s: invalid argument", __func__);
     }
-    return sp_tokenizer_encode(m->tok, text ? text : "", len, (flags & SP_TOKENIZE_ADD_BOS) != 0, tokens, cap, n_out);
+    return sp_tokenizer_encode(m->tok, text ? text : "", len, (flags & SP_TOKENIZE_ADD_BOS) != 0,
+                               (flags & SP_TOKENIZE_PARSE_SPECIAL) != 0, tokens, cap, n_out);
 }
 
 sp_status sp_token_to_piece(const struct sp_model *m, int32_t token, char *buf, size_t cap, size_t *n_out) {
@@ -309,6 +311,101 @@ sp_status sp_detokenize(const struct sp_model *m, const int32_t *tokens, int32_t
 
 bool sp_token_is_eog(const struct sp_model *m, int32_t token) {
     return m && sp_tokenizer_is_eog(m->tok, token);
+}
+
+/* ---- chat templates ------------------------------------------------------ */
+
+/* Copy text[0..n) and a NUL into buf, or SP_E_BUFFER; *len = n either way. */
+static sp_status put_text(const char *text, size_t n, char *buf, size_t cap, size_t *len) {
+    *len = n;
+    if (cap < n + 1 || !buf) return SP_E_BUFFER; /* a size query, not a failure worth logging */
+    memcpy(buf, text, n);
+    buf[n] = '\0';
+    return SP_OK;
+}
+
+sp_status sp_model_meta_str(const struct sp_model *m, const char *key, char *buf, size_t cap, size_t *len) {
+    if (!m || !key || !len || (cap && !buf)) return sp_err(SP_E_INVALID, "%s: invalid argument", __func__);
+    *len = 0;
+    const struct sp_meta_value *v = sp_model_file_meta(m->mf, key);
+    if (!v) return sp_err(SP_E_INVALID, "%s: the model has no metadata key '%s'", __func__, key);
+    if (v->type == SP_META_STRING) return put_text(v->v.str.ptr, (size_t)v->v.str.len, buf, cap, len);
+    if (v->type == SP_META_ARRAY) return sp_err(SP_E_INVALID, "%s: '%s' is an array", __func__, key);
+    char tmp[64];
+    render_value(v, tmp, sizeof tmp);
+    return put_text(tmp, strlen(tmp), buf, cap, len);
+}
+
+struct sp_chat_params sp_chat_default_params(void) {
+    return (struct sp_chat_params){.tmpl = NULL, .engine = SP_CHAT_JINJA, .add_assistant = true};
+}
+
+/* The text of a special token of the vocabulary, "" for none. */
+static const char *token_text(const struct sp_model *m, int32_t id) {
+    const struct sp_vocab_data *v = &m->mf->vocab;
+    return id >= 0 && (uint32_t)id < v->n_tokens && v->tokens[id] ? v->tokens[id] : "";
+}
+
+sp_status sp_chat_apply(const struct sp_model *m, const struct sp_chat_params *params,
+                        const struct sp_chat_message *msgs, size_t n, char *buf, size_t cap, size_t *len) {
+    if (!len || (cap && !buf) || (n && !msgs)) return sp_err(SP_E_INVALID, "%s: invalid argument", __func__);
+    *len = 0;
+    const struct sp_chat_params p = params ? *params : sp_chat_default_params();
+    if ((unsigned)p.engine >= SP_CHAT_ENGINE_COUNT)
+        return sp_err(SP_E_INVALID, "%s: unknown engine %d", __func__, (int)p.engine);
+    const struct sp_meta_value *mt = m ? sp_model_file_meta(m->mf, "tokenizer.chat_template") : NULL;
+    char *model_tmpl = NULL;
+    const char *tmpl = p.tmpl;
+    if (!tmpl) {
+        if (!m) return sp_err(SP_E_INVALID, "%s: no template and no model", __func__);
+        if (!mt || mt->type != SP_META_STRING)
+            return sp_err(SP_E_UNSUPPORTED, "%s: the model has no chat template (tokenizer.chat_template)", __func__);
+        if (!(model_tmpl = sp_strndup(mt->v.str.ptr, (size_t)mt->v.str.len)))
+            return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+        tmpl = model_tmpl;
+    }
+    const struct sp_vocab_data *v = m ? &m->mf->vocab : NULL;
+    struct sp_chat_request r = {
+        .tmpl = tmpl,
+        .use_jinja = p.engine == SP_CHAT_JINJA,
+        .msgs = msgs,
+        .n_msgs = n,
+        .messages_json = p.messages_json,
+        .vars_json = p.vars_json,
+        .bos = p.bos_token ? p.bos_token : m ? token_text(m, v->bos) : "",
+        .eos = p.eos_token ? p.eos_token : m ? token_text(m, v->eos) : "",
+        .add_assistant = p.add_assistant,
+        .strip_bos = m && !p.keep_bos && v->add_bos,
+        .strip_eos = m && !p.keep_bos && v->add_eos,
+        .lim = sp_jinja_limits_or_default(&(struct sp_jinja_limits){.max_output = p.max_output,
+                                                                     .max_iterations = p.max_iterations}),
+    };
+    char *out = NULL;
+    size_t out_len = 0;
+    sp_status rc = sp_chat_render(&r, &out, &out_len);
+    sp_free(model_tmpl);
+    if (rc != SP_OK) return rc;
+    rc = put_text(out, out_len, buf, cap, len);
+    sp_free(out);
+    return rc;
+}
+
+sp_status sp_chat_apply_template(const struct sp_model *m, const char *tmpl, const struct sp_chat_message *msgs,
+                                 size_t n, bool add_assistant, char *buf, size_t cap, size_t *len) {
+    struct sp_chat_params p = sp_chat_default_params();
+    p.tmpl = tmpl;
+    p.add_assistant = add_assistant;
+    return sp_chat_apply(m, &p, msgs, n, buf, cap, len);
+}
+
+int32_t sp_chat_builtin_templates(const char **names, size_t cap) {
+    const int n = sp_chat_named_count();
+    for (int i = 0; names && (size_t)i < cap && i < n; i++) names[i] = sp_chat_named_name(i);
+    return n;
+}
+
+const char *sp_chat_detect_template(const char *tmpl) {
+    return tmpl ? sp_chat_named_name(sp_chat_named_detect(tmpl, strlen(tmpl))) : NULL;
 }
 
 /* ---- session ------------------------------------------------------------ */

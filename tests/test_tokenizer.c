@@ -71,10 +71,10 @@ static struct sp_tokenizer *make_tok(const struct sp_vocab_data *v) {
 /* Encode into a malloc'd array (size query first). */
 static int32_t *encode(const struct sp_tokenizer *t, const char *s, size_t len, bool bos, int32_t *n) {
     int32_t need = -1;
-    sp_status rc = sp_tokenizer_encode(t, s, len, bos, NULL, 0, &need);
+    sp_status rc = sp_tokenizer_encode(t, s, len, bos, false, NULL, 0, &need);
     CHECKF(rc == SP_OK || rc == SP_E_BUFFER, "encode size: %d %s", rc, sp_last_error());
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(need > 0 ? need : 1));
-    rc = sp_tokenizer_encode(t, s, len, bos, ids, need, n);
+    rc = sp_tokenizer_encode(t, s, len, bos, false, ids, need, n);
     CHECKF(rc == SP_OK && *n == need, "encode: %d %s", rc, sp_last_error());
     return ids;
 }
@@ -296,13 +296,13 @@ static void test_spm_details(void) {
     if (!t) goto done;
     int32_t ids[16], n = -1;
     /* empty text: nothing, or just BOS */
-    CHECK(sp_tokenizer_encode(t, "", 0, false, ids, 16, &n) == SP_OK && n == 0);
-    CHECK(sp_tokenizer_encode(t, "", 0, true, ids, 16, &n) == SP_OK && n == 1 && ids[0] == 1);
-    CHECK(sp_tokenizer_encode(t, NULL, 0, true, ids, 16, &n) == SP_OK && n == 1);
+    CHECK(sp_tokenizer_encode(t, "", 0, false, false, ids, 16, &n) == SP_OK && n == 0);
+    CHECK(sp_tokenizer_encode(t, "", 0, true, false, ids, 16, &n) == SP_OK && n == 1 && ids[0] == 1);
+    CHECK(sp_tokenizer_encode(t, NULL, 0, true, false, ids, 16, &n) == SP_OK && n == 1);
     /* buffer too small: the count needed comes back */
     n = -1;
-    CHECK(sp_tokenizer_encode(t, "Hello world", 11, true, ids, 1, &n) == SP_E_BUFFER && n == 3);
-    CHECK(sp_tokenizer_encode(t, "Hello world", 11, true, ids, 3, &n) == SP_OK && n == 3);
+    CHECK(sp_tokenizer_encode(t, "Hello world", 11, true, false, ids, 1, &n) == SP_E_BUFFER && n == 3);
+    CHECK(sp_tokenizer_encode(t, "Hello world", 11, true, false, ids, 3, &n) == SP_OK && n == 3);
     CHECK(ids[0] == 1 && ids[1] == 15043 && ids[2] == 3186);
     /* pieces: byte token, control token, space marker */
     char buf[32];
@@ -712,9 +712,9 @@ static void test_user_defined(void) {
     if (!t) return;
     int32_t ids[16], n = 0;
     /* "ab<think>ab": the control token text "<|end|>" is not parsed */
-    CHECK(sp_tokenizer_encode(t, "ab<think>ab", 11, true, ids, 16, &n) == SP_OK);
+    CHECK(sp_tokenizer_encode(t, "ab<think>ab", 11, true, false, ids, 16, &n) == SP_OK);
     CHECK(n == 3 && ids[0] == 10 && ids[1] == 9 && ids[2] == 10);
-    CHECK(sp_tokenizer_encode(t, "<|end|>", 7, false, ids, 16, &n) == SP_OK && n > 0 && ids[0] == 2);
+    CHECK(sp_tokenizer_encode(t, "<|end|>", 7, false, false, ids, 16, &n) == SP_OK && n > 0 && ids[0] == 2);
     for (int32_t i = 0; i < n; i++) CHECK(ids[i] != 12);
     char buf[16];
     size_t pl = 0;
@@ -723,6 +723,56 @@ static void test_user_defined(void) {
     CHECK(sp_tokenizer_piece(t, 11, buf, sizeof buf, &pl) == SP_OK && pl == 1 && buf[0] == ' ');
     CHECK(sp_tokenizer_is_eog(t, 12) && !sp_tokenizer_is_eog(t, 9));
     sp_tokenizer_free(t);
+}
+
+/* ---- special tokens parsed (a rendered chat template) ---------------------------- */
+
+/* Concatenate id arrays: the expected encoding of text around special tokens. */
+static int32_t cat(int32_t *dst, int32_t n, const int32_t *src, int32_t k) {
+    memcpy(dst + n, src, (size_t)k * sizeof *src);
+    return n + k;
+}
+
+/* With parse_special, the text of a control token becomes that token and the
+ * text around it is encoded as separate fragments (SPM: each fragment after a
+ * special token gets the prefix space, as llama.cpp's does); without it the
+ * same text never yields the control ids. */
+static void test_parse_special(const char *rel, const char *special, int32_t special_id, bool spm) {
+    struct sp_model_file *mf = open_vocab(rel, NULL);
+    if (!mf) return;
+    struct sp_tokenizer *t = make_tok(&mf->vocab);
+    if (!t) {
+        sp_model_file_free(mf);
+        return;
+    }
+    char text[128];
+    snprintf(text, sizeof text, "Hello%sworld %s", special, special);
+    int32_t got[64], n = 0, na, nb;
+    CHECK(sp_tokenizer_encode(t, text, strlen(text), false, true, got, 64, &n) == SP_OK);
+    int32_t *a = encode(t, "Hello", 5, false, &na), *b = encode(t, spm ? "world " : "world ", 6, false, &nb);
+    int32_t want[64], nw = 0;
+    nw = cat(want, nw, a, na);
+    want[nw++] = special_id;
+    nw = cat(want, nw, b, nb);
+    want[nw++] = special_id;
+    CHECKF(n == nw && memcmp(got, want, (size_t)n * sizeof *got) == 0, "%s: '%s' with parse_special", rel, text);
+    if (n != nw || memcmp(got, want, (size_t)n * sizeof *got) != 0) {
+        print_ids("got", got, n);
+        print_ids("want", want, nw);
+    }
+    /* without it: plain text, and the control id never appears */
+    int32_t plain[64], np = 0;
+    CHECK(sp_tokenizer_encode(t, text, strlen(text), false, false, plain, 64, &np) == SP_OK && np > nw);
+    for (int32_t i = 0; i < np; i++) CHECK(plain[i] != special_id);
+    /* with BOS: the prefix comes first, then the same ids */
+    int32_t with_bos[64], nbos = 0;
+    CHECK(sp_tokenizer_encode(t, text, strlen(text), true, true, with_bos, 64, &nbos) == SP_OK);
+    const int32_t extra = mf->vocab.add_bos && mf->vocab.bos >= 0 ? 1 : 0;
+    CHECK(nbos == n + extra && memcmp(with_bos + extra, got, (size_t)n * sizeof *got) == 0);
+    free(a);
+    free(b);
+    sp_tokenizer_free(t);
+    sp_model_file_free(mf);
 }
 
 /* ---- threads share one tokenizer ---------------------------------------------- */
@@ -740,7 +790,7 @@ static void *thread_main(void *p) {
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)a->n_want);
     for (int r = 0; r < 20; r++) {
         int32_t n = 0;
-        sp_status rc = sp_tokenizer_encode(a->t, a->text, strlen(a->text), false, ids, a->n_want, &n);
+        sp_status rc = sp_tokenizer_encode(a->t, a->text, strlen(a->text), false, false, ids, a->n_want, &n);
         if (rc != SP_OK || n != a->n_want || memcmp(ids, a->want, sizeof(int32_t) * (size_t)n) != 0) a->bad++;
     }
     free(ids);
@@ -809,7 +859,7 @@ static void test_oom(const char *rel) {
         sp_status rc = sp_tokenizer_init(&mf->vocab, &t);
         if (rc == SP_OK) {
             int32_t ids[256], n = 0;
-            rc = sp_tokenizer_encode(t, text, strlen(text), true, ids, 256, &n);
+            rc = sp_tokenizer_encode(t, text, strlen(text), true, false, ids, 256, &n);
             if (rc == SP_OK && (n != n0 || memcmp(ids, want, sizeof(int32_t) * (size_t)n) != 0)) {
                 other++;
                 fprintf(stderr, "  fail_after %d: different ids\n", k);
@@ -841,6 +891,9 @@ int main(void) {
     test_pretok();
     test_pretok_model();
     test_user_defined();
+    test_parse_special("peer-tests/tokenizer/ggml-vocab-llama-spm.gguf", "</s>", 2, true);
+    test_parse_special("peer-tests/tokenizer/ggml-vocab-gpt-2.gguf", "<|endoftext|>", 50256, false);
+    test_parse_special("models/stories260K/stories260K-f32.gguf", "</s>", 2, true);
     test_big_vocab();
     test_threads();
     test_oom("models/stories260K/stories260K-f32.gguf");

@@ -1,6 +1,7 @@
 /*
  * core.h -- the bottom layer every module includes: status/error reporting,
- * logging, the replaceable allocator, assertions and half-precision helpers.
+ * logging, the replaceable allocator, assertions, UTF-8 encoding and
+ * half-precision helpers.
  * Nothing here knows about models, files or kernels.
  */
 #ifndef SP_CORE_H
@@ -67,6 +68,34 @@ void sp_assert_fail(const char *expr, const char *file, int line) __attribute__(
 #define SP_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SP_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define SP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- UTF-8 ----------------------------------------------------------------
+ * Encode code point c into o (room for 4 bytes); returns the byte count.
+ * Values past U+10FFFF become U+FFFD; surrogates are encoded as they are
+ * (callers that must not produce them map them first). */
+static inline size_t sp_utf8_put(uint32_t c, char *o) {
+    if (c > 0x10FFFF) c = 0xFFFD;
+    if (c <= 0x7f) {
+        o[0] = (char)c;
+        return 1;
+    }
+    if (c <= 0x7ff) {
+        o[0] = (char)(0xc0 | (c >> 6));
+        o[1] = (char)(0x80 | (c & 0x3f));
+        return 2;
+    }
+    if (c <= 0xffff) {
+        o[0] = (char)(0xe0 | (c >> 12));
+        o[1] = (char)(0x80 | ((c >> 6) & 0x3f));
+        o[2] = (char)(0x80 | (c & 0x3f));
+        return 3;
+    }
+    o[0] = (char)(0xf0 | (c >> 18));
+    o[1] = (char)(0x80 | ((c >> 12) & 0x3f));
+    o[2] = (char)(0x80 | ((c >> 6) & 0x3f));
+    o[3] = (char)(0x80 | (c & 0x3f));
+    return 4;
+}
 
 /* ---- half precision -----------------------------------------------------
  * IEEE binary16 and bfloat16 conversions, round-to-nearest-even, as ggml's

@@ -125,6 +125,9 @@ struct sp_tokenizer {
 
     int32_t *user_defined;         /* ids partitioned out of raw text, longest first */
     uint32_t n_user_defined;
+    int32_t *special;              /* ... with parse_special: control, user-defined and
+                                      unknown tokens, longest first */
+    uint32_t n_special;
 
     /* SPM */
     int32_t byte_token[256];       /* byte -> "<0xXX>" (or the 1-char token), -1 if none */

@@ -209,34 +209,34 @@ static int cmp_len_id(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
-/* The user-defined tokens llama.cpp splits out of raw text even when special
- * tokens are not parsed (tokenizer_st_partition with parse_special = false):
- * longest text first. */
-static sp_status collect_user_defined(struct sp_tokenizer *t) {
+/* The tokens partition() cuts out of raw text (llama.cpp's
+ * cache_special_tokens, filtered by tokenizer_st_partition), longest text
+ * first: with parse_special (all = true) every control, user-defined and
+ * unknown token; without it only the user-defined ones that are not also
+ * control or unknown. */
+static bool partition_kind(uint8_t a, bool all) {
+    if (all) return (a & (SP_TOK_ATTR_CONTROL | SP_TOK_ATTR_USER_DEFINED | SP_TOK_ATTR_UNKNOWN)) != 0;
+    return (a & SP_TOK_ATTR_USER_DEFINED) && !(a & (SP_TOK_ATTR_CONTROL | SP_TOK_ATTR_UNKNOWN));
+}
+
+static sp_status collect_partition(struct sp_tokenizer *t, bool all, int32_t **ids, uint32_t *n_ids) {
     uint32_t n = 0;
-    for (uint32_t i = 0; i < t->n_tokens; i++) {
-        const uint8_t a = t->attr[i];
-        if ((a & SP_TOK_ATTR_USER_DEFINED) && !(a & (SP_TOK_ATTR_CONTROL | SP_TOK_ATTR_UNKNOWN)) &&
-            t->tokens.lens[i] > 0)
-            n++;
-    }
+    for (uint32_t i = 0; i < t->n_tokens; i++)
+        if (partition_kind(t->attr[i], all) && t->tokens.lens[i] > 0) n++;
     if (n == 0) return SP_OK;
     struct len_id *tmp = sp_malloc(n * sizeof *tmp);
-    t->user_defined = sp_malloc(n * sizeof *t->user_defined);
-    if (!tmp || !t->user_defined) {
+    *ids = sp_malloc(n * sizeof **ids);
+    if (!tmp || !*ids) {
         sp_free(tmp);
-        return sp_err(SP_E_NOMEM, "%s: %u user-defined tokens", __func__, n);
+        return sp_err(SP_E_NOMEM, "%s: %u special tokens", __func__, n);
     }
     uint32_t k = 0;
-    for (uint32_t i = 0; i < t->n_tokens; i++) {
-        const uint8_t a = t->attr[i];
-        if ((a & SP_TOK_ATTR_USER_DEFINED) && !(a & (SP_TOK_ATTR_CONTROL | SP_TOK_ATTR_UNKNOWN)) &&
-            t->tokens.lens[i] > 0)
+    for (uint32_t i = 0; i < t->n_tokens; i++)
+        if (partition_kind(t->attr[i], all) && t->tokens.lens[i] > 0)
             tmp[k++] = (struct len_id){t->tokens.lens[i], (int32_t)i};
-    }
     qsort(tmp, n, sizeof *tmp, cmp_len_id);
-    for (uint32_t i = 0; i < n; i++) t->user_defined[i] = tmp[i].id;
-    t->n_user_defined = n;
+    for (uint32_t i = 0; i < n; i++) (*ids)[i] = tmp[i].id;
+    *n_ids = n;
     sp_free(tmp);
     return SP_OK;
 }
@@ -366,7 +366,8 @@ sp_status sp_tokenizer_init(const struct sp_vocab_data *v, struct sp_tokenizer *
     } else {
         init_spm_bytes(t);
     }
-    rc = collect_user_defined(t);
+    rc = collect_partition(t, false, &t->user_defined, &t->n_user_defined);
+    if (rc == SP_OK) rc = collect_partition(t, true, &t->special, &t->n_special);
     if (rc != SP_OK) goto fail;
 
     t->own_lens = own_lens; /* the token map points into it */
@@ -387,6 +388,7 @@ void sp_tokenizer_free(struct sp_tokenizer *t) {
     sp_tok_map_free(&t->merges);
     sp_free(t->attr);
     sp_free(t->user_defined);
+    sp_free(t->special);
     sp_free(t->merge_lens);
     sp_free(t->merge_split);
     sp_free(t->own_lens);
@@ -419,14 +421,17 @@ static sp_status frag_push(struct frag_vec *v, int32_t token, size_t off, size_t
     return SP_OK;
 }
 
-/* llama.cpp tokenizer_st_partition with parse_special = false: every
- * user-defined token, longest first, is cut out of the raw fragments.
+/* llama.cpp tokenizer_st_partition: every token of the partition list
+ * (see collect_partition), longest first, is cut out of the raw fragments.
  * *out holds the result (caller frees out->f). */
-static sp_status partition(const struct sp_tokenizer *t, const char *text, size_t len, struct frag_vec *out) {
+static sp_status partition(const struct sp_tokenizer *t, const char *text, size_t len, bool parse_special,
+                           struct frag_vec *out) {
     struct frag_vec cur = {0}, next = {0};
     sp_status rc = frag_push(&cur, -1, 0, len);
-    for (uint32_t k = 0; rc == SP_OK && k < t->n_user_defined; k++) {
-        const int32_t id = t->user_defined[k];
+    const int32_t *list = parse_special ? t->special : t->user_defined;
+    const uint32_t n_list = parse_special ? t->n_special : t->n_user_defined;
+    for (uint32_t k = 0; rc == SP_OK && k < n_list; k++) {
+        const int32_t id = list[k];
         const char *tok = t->v->tokens[id];
         const size_t tl = t->tokens.lens[id];
         next.n = 0;
@@ -461,9 +466,9 @@ static sp_status partition(const struct sp_tokenizer *t, const char *text, size_
 }
 
 /* Encode as llama.cpp's llama_tokenize(text, add_special = add_bos,
- * parse_special = false).  See tokenizer.h. */
+ * parse_special).  See tokenizer.h. */
 sp_status sp_tokenizer_encode(const struct sp_tokenizer *t, const char *text, size_t len, bool add_bos,
-                              int32_t *out, int32_t cap, int32_t *n_out) {
+                              bool parse_special, int32_t *out, int32_t cap, int32_t *n_out) {
     sp_status rc = SP_OK;
     struct sp_tok_vec ids = {0};
     struct frag_vec frags = {0};
@@ -473,7 +478,7 @@ sp_status sp_tokenizer_encode(const struct sp_tokenizer *t, const char *text, si
     if (cap < 0 || (cap > 0 && !out)) return sp_err(SP_E_INVALID, "%s: bad output buffer (cap %d)", __func__, cap);
 
     if (add_bos && t->add_bos && t->bos >= 0) rc = sp_tok_vec_push(&ids, t->bos);
-    if (rc == SP_OK && len > 0) rc = partition(t, text, len, &frags);
+    if (rc == SP_OK && len > 0) rc = partition(t, text, len, parse_special, &frags);
     if (rc == SP_OK && len > 0 && t->kind == SP_VOCAB_SPM) {
         /* prefix space (3 bytes once escaped) + every space escaped to U+2581 */
         if (len > (SIZE_MAX - 3) / 3) {
@@ -591,30 +596,6 @@ static uint32_t lax_cpt(const uint8_t *s, size_t n, size_t *used) {
     return 0xFFFD;
 }
 
-static size_t put_utf8(uint32_t c, char *o) {
-    if (c > 0x10FFFF) c = 0xFFFD;
-    if (c <= 0x7f) {
-        o[0] = (char)c;
-        return 1;
-    }
-    if (c <= 0x7ff) {
-        o[0] = (char)(0xc0 | (c >> 6));
-        o[1] = (char)(0x80 | (c & 0x3f));
-        return 2;
-    }
-    if (c <= 0xffff) {
-        o[0] = (char)(0xe0 | (c >> 12));
-        o[1] = (char)(0x80 | ((c >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (c & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | (c >> 18));
-    o[1] = (char)(0x80 | ((c >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((c >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (c & 0x3f));
-    return 4;
-}
-
 static int hexval(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -656,7 +637,7 @@ static void piece_emit(const struct sp_tokenizer *t, int32_t id, struct emit *e)
                 emit_bytes(e, &b, 1);
             } else {
                 char u[4], hx[9];
-                const size_t k = put_utf8(c, u);
+                const size_t k = sp_utf8_put(c, u);
                 for (size_t j = 0; j < k; j++) {
                     static const char digits[] = "0123456789abcdef";
                     hx[2 * j] = digits[(uint8_t)u[j] >> 4];

@@ -6,10 +6,14 @@
  *  - BPE (byte-level, GGUF model "gpt2"): a pre-tokenizer regex chosen by
  *    tokenizer.ggml.pre (PCRE2 with Unicode properties), bytes mapped to
  *    printable code points, merges applied by rank.
- * Behaviour is llama.cpp's (src/llama-vocab.cpp, commit 3f545bec) with
- * parse_special = false: control-token text in the input ("<s>", "<|im_end|>")
+ * Behaviour is llama.cpp's (src/llama-vocab.cpp, commit 3f545bec).  With
+ * parse_special = false control-token text in the input ("<s>", "<|im_end|>")
  * is plain text, but user-defined tokens (added words such as Qwen3's
- * "<think>") are still matched whole, as llama.cpp does.
+ * "<think>") are still matched whole, as llama.cpp does; with parse_special
+ * the text of every control, user-defined and unknown token becomes that
+ * token (longest first), as a rendered chat template needs.  (llama.cpp's
+ * per-model lstrip/rstrip token attributes -- phi-3's, some BERT masks' --
+ * are not applied.)
  * Files: tokenizer.c (common), spm.c, bpe.c, pretok.c (regex table).
  */
 #ifndef SP_TOKENIZER_H
@@ -30,7 +34,8 @@ sp_status sp_tokenizer_init(const struct sp_vocab_data *v, struct sp_tokenizer *
 void sp_tokenizer_free(struct sp_tokenizer *t); /* NULL is a no-op */
 
 /* Encode len bytes of text (need not be NUL-terminated; invalid UTF-8 is
- * handled as llama.cpp handles it).  add_bos is llama_tokenize's add_special:
+ * handled as llama.cpp handles it).  parse_special: llama_tokenize's (see
+ * above).  add_bos is llama_tokenize's add_special:
  * prepend BOS if the vocabulary has one and asks for it (add_bos flag), and
  * append EOS for the rare vocabularies whose add_eos flag is set.  Writes up
  * to cap ids and the total count to *n_out; SP_E_BUFFER when cap is too small
@@ -38,7 +43,7 @@ void sp_tokenizer_free(struct sp_tokenizer *t); /* NULL is a no-op */
  * SP_E_INVALID for bad arguments.  Thread-safe on a shared tokenizer
  * (scratch is allocated per call). */
 sp_status sp_tokenizer_encode(const struct sp_tokenizer *t, const char *text, size_t len, bool add_bos,
-                              int32_t *out, int32_t cap, int32_t *n_out);
+                              bool parse_special, int32_t *out, int32_t cap, int32_t *n_out);
 
 /* The raw bytes of one token (llama_token_to_piece with special = false):
  * byte tokens give their byte, SPM U+2581 gives a space, BPE code points map

@@ -86,10 +86,10 @@ static bool utf8_ok(const unsigned char *s, size_t n) {
 static void run_one(int i, const char *text, size_t len) {
     const struct sp_tokenizer *t = toks[i];
     int32_t n = 0, stack[256], *ids = stack;
-    sp_status rc = sp_tokenizer_encode(t, text, len, false, ids, 256, &n);
+    sp_status rc = sp_tokenizer_encode(t, text, len, false, false, ids, 256, &n);
     if (rc == SP_E_BUFFER) {
         if (!(ids = malloc((size_t)n * sizeof *ids))) return;
-        rc = sp_tokenizer_encode(t, text, len, false, ids, n, &n);
+        rc = sp_tokenizer_encode(t, text, len, false, false, ids, n, &n);
     }
     if (rc == SP_OK) {
         char piece[256];

@@ -23,14 +23,16 @@ void help_tokenize(FILE *f) {
                "Print the token ids of TEXT (or of FILE's bytes, read as they are) on one line,\n"
                "separated by single spaces and ended by a newline; an empty line if there are\n"
                "none.  BOS is prepended when the vocabulary asks for it; EOS never is.  Special-\n"
-               "token text in the input is not parsed as special.  Only the vocabulary is\n"
-               "loaded, so vocabulary-only GGUF files work.\n"
+               "token text in the input is not parsed as special unless --special is given.\n"
+               "Only the vocabulary is loaded, so vocabulary-only GGUF files work.\n"
                "\n"
                "options:\n"
                "  -m, --model FILE        model or vocabulary file (GGUF or llama2.c .bin); required\n"
                "      --file FILE         tokenize FILE's bytes ('-' = stdin); excludes TEXT\n"
                "      --no-bos            never prepend BOS (default: prepend it when the\n"
                "                          vocabulary asks for it)\n"
+               "      --special           the text of special tokens (\"<|im_start|>\", \"</s>\")\n"
+               "                          becomes those tokens, as for a rendered chat template\n"
                CLI_HELP_TOKENIZER
                "  -v, --verbose           print the library's log messages on stderr\n"
                "  -h, --help              print this help and exit\n"
@@ -44,7 +46,7 @@ void help_tokenize(FILE *f) {
 int cmd_tokenize(int argc, char **argv) {
     struct argp a = {.cmd = "tokenize", .argc = argc, .argv = argv};
     const char *model_path = NULL, *text = NULL, *file = NULL, *tokenizer = NULL;
-    bool add_bos = true, opts_done = false;
+    bool add_bos = true, special = false, opts_done = false;
 
     for (a.i = 1; a.i < argc; a.i++) {
         const char *arg = argv[a.i];
@@ -63,6 +65,9 @@ int cmd_tokenize(int argc, char **argv) {
         } else if (opt_is(&a, NULL, "--no-bos")) {
             opt_no_value(&a);
             add_bos = false;
+        } else if (opt_is(&a, NULL, "--special")) {
+            opt_no_value(&a);
+            special = true;
         } else if (opt_is(&a, NULL, "--tokenizer")) {
             tokenizer = opt_value(&a);
         } else if (opt_is(&a, "-v", "--verbose")) {
@@ -95,7 +100,8 @@ int cmd_tokenize(int argc, char **argv) {
         ret = lib_error("loading the vocabulary", rc);
         goto done;
     }
-    rc = tokenize_all(model, text, len, add_bos ? SP_TOKENIZE_ADD_BOS : 0u, &toks, &n);
+    rc = tokenize_all(model, text, len, (add_bos ? SP_TOKENIZE_ADD_BOS : 0u) | (special ? SP_TOKENIZE_PARSE_SPECIAL : 0u),
+                      &toks, &n);
     if (rc != SP_OK) {
         ret = lib_error("tokenizing", rc);
         goto done;

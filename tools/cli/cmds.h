@@ -23,6 +23,7 @@ SP_CLI_COMMAND(diff);
 SP_CLI_COMMAND(update);
 SP_CLI_COMMAND(patch);
 SP_CLI_COMMAND(edit);
+SP_CLI_COMMAND(template);
 #undef SP_CLI_COMMAND
 
 /* ---- what the package commands share (cmd_pack.c) ---------------------------- */

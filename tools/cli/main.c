@@ -39,6 +39,8 @@ static void help_main(FILE *f) {
             "  update     apply a patch to a model in place, atomically\n"
             "  patch      apply a patch to a model, writing the new one elsewhere\n"
             "  edit       set metadata keys of a GGUF in place\n"
+            "  template   render a conversation with a chat template (the model's, a Jinja\n"
+            "             file or a named formatter) and print the prompt\n"
             "  help [COMMAND]  this text, or a command's options\n"
             "\n"
             "options:\n"
@@ -75,6 +77,7 @@ static const struct {
     {"update", cmd_update, help_update},
     {"patch", cmd_patch, help_patch},
     {"edit", cmd_edit, help_edit},
+    {"template", cmd_template, help_template},
 };
 
 int main(int argc, char **argv) {
