@@ -97,6 +97,7 @@ asan:
 # each tests/fuzz/*.c linked with -fsanitize=fuzzer.  fuzz-run runs every one
 # of them (a new target needs no edit here) for FUZZ_SECONDS on its seeds,
 # tests/fuzz/corpus/<target>/ when there is one (tests/fuzz/make-corpus.py),
+# with the dictionary tests/fuzz/<target>.dict when there is one,
 # keeping what it finds in build-fuzz/corpus-<target>/; a crash, leak or
 # sanitizer report stops it with the input in build-fuzz/ (crash-*, leak-*).
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=all
@@ -117,8 +118,9 @@ fuzz-run: fuzz
 	@for f in $(FUZZ_SRC); do \
 	    t=$$(basename $$f .c); mkdir -p build-fuzz/corpus-$$t; \
 	    seeds=; [ -d tests/fuzz/corpus/$$t ] && seeds=tests/fuzz/corpus/$$t; \
+	    dict=; [ -f tests/fuzz/$$t.dict ] && dict=-dict=tests/fuzz/$$t.dict; \
 	    printf 'fuzz: %s for %s s ... ' $$t $(FUZZ_SECONDS); \
-	    if build-fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=build-fuzz/ \
+	    if build-fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 $$dict -artifact_prefix=build-fuzz/ \
 	        build-fuzz/corpus-$$t $$seeds >build-fuzz/$$t.log 2>&1; then \
 	        grep -h 'stat::number_of_executed_units\|stat::new_units_added' build-fuzz/$$t.log | tr '\n' ' '; echo; \
 	    else echo FAILED; tail -n 60 build-fuzz/$$t.log; exit 1; fi; \

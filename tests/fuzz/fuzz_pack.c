@@ -8,7 +8,7 @@
  * fields over the fuzzed bytes, so mutations reach the parsers behind them
  * instead of stopping at a hash mismatch.  Nothing may crash, leak or read
  * out of bounds; every rejection is an ordinary status.
- *   make fuzz && build-fuzz/fuzz_pack -max_total_time=60 build-fuzz/corpus-pack tests/fuzz/seeds-pack
+ *   make fuzz && build-fuzz/fuzz_pack -max_total_time=60 build-fuzz/corpus-fuzz_pack tests/fuzz/corpus/fuzz_pack
  * Not a test_ file: tests/run.sh does not run it.
  */
 #include "core/file.h"

@@ -4,11 +4,11 @@
  * is parsed and verified as it is, then, with its trailing SHA-256
  * recomputed over the fuzzed bytes (so mutations get past the checksum), loaded
  * into a session of stories260K (from $SPARROW_SHARED, default ../shared;
- * without it only the parser runs).  The seed tests/fuzz/seeds-session/
+ * without it only the parser runs).  The seed tests/fuzz/corpus/fuzz_session/
  * holds a real file from that model.  Nothing may crash, leak or read out
  * of bounds; every rejection is an ordinary status, and a refused file
  * leaves the session as it was.
- *   make fuzz && build-fuzz/fuzz_session -max_total_time=60 build-fuzz/corpus-session tests/fuzz/seeds-session
+ *   make fuzz && build-fuzz/fuzz_session -max_total_time=60 build-fuzz/corpus-fuzz_session tests/fuzz/corpus/fuzz_session
  * Not a test_ file: tests/run.sh does not run it.
  */
 #include "api_internal.h"

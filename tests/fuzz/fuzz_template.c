@@ -8,10 +8,11 @@
  * named formatter recognises it.  Nothing may crash, leak, read out of
  * bounds or exceed the limits; every rejection must be an ordinary status
  * with a message (aborts otherwise).
- *   make fuzz && mkdir -p build-fuzz/corpus-template && \
- *     build-fuzz/fuzz_template -dict=tests/fuzz/template.dict -max_total_time=600 build-fuzz/corpus-template
- * (seed the corpus with real templates, e.g. the "template" fields of
- * ../shared/peer-tests/chat-template/cases.json, one per file).
+ *   make fuzz && mkdir -p build-fuzz/corpus-fuzz_template && \
+ *     build-fuzz/fuzz_template -dict=tests/fuzz/fuzz_template.dict -max_total_time=600 \
+ *     build-fuzz/corpus-fuzz_template tests/fuzz/corpus/fuzz_template
+ * (the seeds: the templates of ../shared/peer-tests/chat-template/cases.json,
+ * one per file, written by make-corpus.py; make fuzz-run passes the dict).
  * Not a test_ file: tests/run.sh does not run it.
  */
 #include "chat/chat.h"

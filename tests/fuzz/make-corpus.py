@@ -10,7 +10,12 @@ takes no file over 512 KiB):
                   the offsets laid out anew), so the whole interpretation runs;
   fuzz_llama2c    stories260K's tok512.bin, read for its model and alone; a tiny
                   checkpoint of its config's layout; the real checkpoint's header;
-  fuzz_tokenizer  llama.cpp's tokenizer test inputs, one text per seed.
+  fuzz_tokenizer  llama.cpp's tokenizer test inputs, one text per seed;
+  fuzz_template   the templates of llama.cpp's chat-template test cases (messages: the
+                  target's own conversation);
+  fuzz_pack, fuzz_session  are not written here: their seeds (a package, a manifest,
+                  a patch; a saved stories260K session) are made by the library's own
+                  writers and committed as they are.
 The first byte of a fuzz_llama2c input is its mode (tests/fuzz/fuzz_llama2c.c)."""
 import os
 import struct
@@ -111,3 +116,12 @@ texts = fixture("peer-tests/tokenizer/ggml-vocab-llama-spm.gguf.inp").split(b"\n
 for i, t in enumerate(t for t in texts if t):
     write("fuzz_tokenizer", "inp-%02d.txt" % i, t)
 write("fuzz_tokenizer", "story.txt", fixture("peer-tests/../peer-golden/tinystories-valid-excerpt.txt")[:600])
+
+# ---- chat templates: llama.cpp's test cases, one template per seed -------------------------
+import json  # noqa: E402
+
+cases = json.loads(fixture("peer-tests/chat-template/cases.json"))["cases"]
+for c in cases:
+    t = c["template"].encode()
+    if len(t) <= 16384:
+        write("fuzz_template", "%s.jinja" % "".join(ch if ch.isalnum() else "-" for ch in c["name"]), t)
