@@ -10,6 +10,7 @@
 
 #include "kv/cache.h"
 #include "kv/cells.h"
+#include "core/cpu.h"
 #include "quant/kv.h"
 #include "quant/quant.h"
 #include "sched/pool.h"
@@ -167,6 +168,92 @@ static void test_kernels(void) {
     ys[0] = 3.0f;
     k->exp(ys, 1, 3.0f);
     CHECK(ys[0] == 1.0f);
+}
+
+
+/* The wide path's kernels of every level this CPU runs (not only the one
+ * dispatched), against the references: scores and weighted sums within a
+ * float tolerance (FMA, other order), the softmax's state within a few ulp,
+ * masked (-inf) columns and rows included. */
+static void wide_check(const char *name, const struct sp_attn_kernels *k) {
+    const struct sp_attn_kernels *r = sp_attn_kernels_ref();
+    enum { MAXQ = 64, MAXN = SP_KV_TILE, MAXHD = 300 };
+    static float qt[MAXHD * MAXQ], kk[MAXN * MAXHD], st1[MAXN * MAXQ], st2[MAXN * MAXQ], v[MAXN * MAXHD];
+    static float o1[MAXQ * MAXHD], o2[MAXQ * MAXHD];
+    float m1[MAXQ], m2[MAXQ], l1[MAXQ], l2[MAXQ], k1[MAXQ], k2[MAXQ];
+    CHECKF(k->wide_pad >= 1 && k->wide_pad <= SP_KV_WIDE_PAD_MAX && MAXQ % k->wide_pad == 0, "%s: wide_pad %d",
+           name, k->wide_pad);
+    const int32_t hds[] = {8, 32, 33, 64, 128, 300};
+    int cases = 0;
+    for (size_t h = 0; h < SP_ARRAY_LEN(hds); h++) {
+        const int32_t hd = hds[h];
+        for (int32_t nqp = k->wide_pad; nqp <= MAXQ; nqp += k->wide_pad * (nqp < 16 ? 1 : 3)) {
+            for (int32_t n = 1; n <= MAXN; n += 10) {
+                const int32_t nq = nqp - (nqp > 1 ? (int32_t)(h % 3) : 0); /* padding columns */
+                for (int i = 0; i < hd * nqp; i++) qt[i] = (i % nqp) < nq ? gauss() : 0.0f;
+                for (int i = 0; i < n * hd; i++) kk[i] = gauss(), v[i] = gauss();
+                r->scores_t(qt, nqp, kk, n, hd, 0.125f, st1);
+                k->scores_t(qt, nqp, kk, n, hd, 0.125f, st2);
+                float md = 0;
+                for (int i = 0; i < n * nqp; i++) md = fmaxf(md, fabsf(st1[i] - st2[i]));
+                CHECKF(md < 1e-5f * sqrtf((float)hd), "%s scores_t hd %d nqp %d n %d: max diff %g", name, hd, nqp,
+                       n, md);
+                /* a causal mask: column i sees rows r < i % (n + 1); column 0 none */
+                for (int32_t rr = 0; rr < n; rr++) {
+                    for (int32_t i = 0; i < nqp; i++) {
+                        if (rr >= i % (n + 1)) st1[rr * nqp + i] = -INFINITY;
+                        st2[rr * nqp + i] = st1[rr * nqp + i];
+                    }
+                }
+                for (int32_t i = 0; i < nqp; i++) {
+                    const bool fresh = (i + (int)h) % 3 == 0; /* the first tile: m = -inf, l = 0 */
+                    m1[i] = m2[i] = fresh ? -INFINITY : 0.5f * gauss();
+                    l1[i] = l2[i] = fresh ? 0.0f : 1.0f + fabsf(gauss());
+                }
+                r->softmax_t(st1, n, nqp, m1, l1, k1);
+                k->softmax_t(st2, n, nqp, m2, l2, k2);
+                float dm = 0, dl = 0, dk = 0, dp = 0;
+                for (int32_t i = 0; i < nqp; i++) {
+                    dm = fmaxf(dm, m1[i] == m2[i] ? 0.0f : fabsf(m1[i] - m2[i]));
+                    dl = fmaxf(dl, fabsf(l1[i] - l2[i]) / fmaxf(1.0f, l1[i]));
+                    dk = fmaxf(dk, fabsf(k1[i] - k2[i]));
+                }
+                for (int i = 0; i < n * nqp; i++) dp = fmaxf(dp, fabsf(st1[i] - st2[i]));
+                CHECKF(dm == 0 && dl < 1e-5f && dk < 1e-5f && dp < 1e-5f,
+                       "%s softmax_t nqp %d n %d: max diff m %g, l %g, keep %g, weights %g", name, nqp, n, dm, dl, dk,
+                       dp);
+                for (int i = 0; i < nq * hd; i++) o1[i] = o2[i] = frand();
+                r->accum_t(st1, nqp, nq, k1, v, n, hd, o1, hd);
+                k->accum_t(st1, nqp, nq, k1, v, n, hd, o2, hd);
+                float da = 0;
+                for (int i = 0; i < nq * hd; i++) da = fmaxf(da, fabsf(o1[i] - o2[i]));
+                CHECKF(da < 1e-5f * sqrtf((float)n), "%s accum_t hd %d nq %d n %d: max diff %g", name, hd, nq, n,
+                       da);
+                cases++;
+            }
+        }
+    }
+    printf("  wide attention kernels, %s (pad %d): %d cases\n", name, k->wide_pad, cases);
+}
+
+static void test_wide_kernels(void) {
+    struct sp_attn_kernels t = *sp_attn_kernels_ref();
+    wide_check("ref", &t);
+    const struct sp_cpu_features *f = sp_cpu_features();
+#if defined(__x86_64__)
+    if (f->avx2 && f->fma) {
+        sp_attn_register_avx2(&t, f);
+        wide_check("avx2", &t);
+    }
+    t = *sp_attn_kernels_ref();
+    sp_attn_register_avx512(&t, f);
+    if (t.scores_t != sp_attn_kernels_ref()->scores_t) wide_check("avx512", &t);
+#elif defined(__aarch64__)
+    sp_attn_register_neon(&t, f);
+    if (t.scores_t != sp_attn_kernels_ref()->scores_t) wide_check("neon", &t);
+#else
+    (void)f;
+#endif
 }
 
 /* ---- cells ------------------------------------------------------------------------- */
@@ -423,6 +510,7 @@ int main(void) {
     sp_quant_init();
     test_types();
     test_kernels();
+    test_wide_kernels();
     test_cells();
     test_attention();
     printf("test_kv: %d checks, %d failed\n", test_checks, test_failures);

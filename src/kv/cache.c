@@ -260,6 +260,9 @@ void sp_kv_copy_slot(struct sp_kv_cache *kv, uint32_t from, uint32_t to) {
 /* ---- attention -------------------------------------------------------------- */
 
 #define QROWS 64u /* query rows per work item (GQA heads x tokens), at least one token's heads */
+#ifndef WIDE_MIN_ROWS
+#define WIDE_MIN_ROWS 16u /* query rows from which a job takes the wide path */
+#endif
 
 static uint32_t group_size(const struct sp_kv_geom *g) {
     return g->n_heads / g->n_kv_heads;
@@ -281,13 +284,23 @@ struct attn_scratch {
     float *kt;   /* (SP_KV_TILE, hd_k) a key tile in F32 */
     float *vt;   /* (SP_KV_TILE, hd_v) */
     const void **kp, **vp; /* (SP_KV_TILE) row pointers */
+    /* the wide path (many query rows: a prefill), queries across lanes */
+    float *qt;   /* (hd_k, nqp) the prepped queries transposed, padding columns 0 */
+    float *st;   /* (SP_KV_TILE, nqp) scores, then weights */
+    float *mw, *lw, *keep; /* (nqp) running max, running sum, rescale factor */
 };
+
+/* Query rows a work item's wide path holds, padding included. */
+static size_t wide_cols(const struct sp_kv_geom *g) {
+    return (rows_per_item(g) + SP_KV_WIDE_PAD_MAX - 1) / SP_KV_WIDE_PAD_MAX * SP_KV_WIDE_PAD_MAX;
+}
 
 static size_t thread_scratch_bytes(const struct sp_kv_geom *g) {
     const size_t R = rows_per_item(g);
     return align64(R * g->hd_k * 4) + align64(R * SP_KV_TILE * 4) + align64(R * 4) + align64(R * 8) + align64(R * g->hd_v * 4) +
            align64(SP_KV_TILE * g->hd_k * 4) + align64(SP_KV_TILE * g->hd_v * 4) +
-           2 * align64(SP_KV_TILE * sizeof(void *));
+           2 * align64(SP_KV_TILE * sizeof(void *)) + align64(wide_cols(g) * g->hd_k * 4) +
+           align64(wide_cols(g) * SP_KV_TILE * 4) + 3 * align64(wide_cols(g) * 4);
 }
 
 /* Partial softmax states of split one-token decodes: at most 2 * nth +
@@ -312,7 +325,13 @@ static struct attn_scratch carve(const struct sp_kv_geom *g, uint8_t *p) {
     s.kt = (float *)p, p += align64(SP_KV_TILE * g->hd_k * 4);
     s.vt = (float *)p, p += align64(SP_KV_TILE * g->hd_v * 4);
     s.kp = (const void **)p, p += align64(SP_KV_TILE * sizeof(void *));
-    s.vp = (const void **)p;
+    s.vp = (const void **)p, p += align64(SP_KV_TILE * sizeof(void *));
+    const size_t W = wide_cols(g);
+    s.qt = (float *)p, p += align64(W * g->hd_k * 4);
+    s.st = (float *)p, p += align64(W * SP_KV_TILE * 4);
+    s.mw = (float *)p, p += align64(W * 4);
+    s.lw = (float *)p, p += align64(W * 4);
+    s.keep = (float *)p;
     return s;
 }
 
@@ -328,6 +347,7 @@ struct attn_job {
     float *part;        /* split decodes: (n_items, G, 2 + hd_v) */
     uint32_t tok_per_item, n_ttiles, n_split, split_cells;
     uint32_t n_items;
+    bool wide; /* run_wide: query tiles of many rows (a prefill) */
     atomic_uint next;
 };
 
@@ -341,6 +361,55 @@ static void item_of(const struct attn_job *j, uint32_t it, uint32_t *kh, uint32_
     *ch = it % j->n_split;
 }
 
+/* The wide path of run_item for nq query rows (t0's first, G per token)
+ * over cells [cb, ce): the queries are transposed once, and each tile's
+ * scores, softmax and weighted sum run with the queries across the vector
+ * lanes, a causal mask written as -inf.  The same online softmax as the
+ * narrow path in another summation order (FMA, float sums): equal to a few
+ * ulp, not bit for bit. */
+static void run_wide(const struct attn_job *j, struct attn_scratch *s, uint32_t kh, uint32_t t0, uint32_t nq,
+                     uint32_t cb, uint32_t ce) {
+    const struct sp_kv_geom *g = &j->kv->g;
+    const uint32_t G = group_size(g), hdk = g->hd_k, hdv = g->hd_v;
+    const uint32_t pad = (uint32_t)j->kern->wide_pad, nqp = (nq + pad - 1) / pad * pad;
+    for (uint32_t i = 0; i < nq; i++) {
+        const uint32_t t = t0 + i / G, h = kh * G + i % G;
+        sp_kv_query_prep(g->type_k, j->q + ((size_t)t * g->n_heads + h) * hdk, s->qp, (int32_t)hdk);
+        for (uint32_t c = 0; c < hdk; c++) s->qt[(size_t)c * nqp + i] = s->qp[c];
+    }
+    for (uint32_t c = 0; c < hdk; c++) {
+        for (uint32_t i = nq; i < nqp; i++) s->qt[(size_t)c * nqp + i] = 0.0f;
+    }
+    for (uint32_t i = 0; i < nqp; i++) {
+        s->mw[i] = -INFINITY;
+        s->lw[i] = 0.0f;
+    }
+    memset(s->acc, 0, (size_t)nq * hdv * sizeof(float));
+    for (uint32_t x = cb; x < ce; x += SP_KV_TILE) {
+        const uint32_t nt = SP_MIN(SP_KV_TILE, ce - x);
+        for (uint32_t r = 0; r < nt; r++) {
+            const uint32_t slot = j->c->slot[x + r];
+            s->kp[r] = k_row(j->kv, slot, j->il, kh);
+            s->vp[r] = v_row(j->kv, slot, j->il, kh);
+        }
+        sp_kv_rows_to_float(g->type_k, s->kp, (int32_t)nt, (int32_t)hdk, s->kt);
+        j->kern->scores_t(s->qt, (int32_t)nqp, s->kt, (int32_t)nt, (int32_t)hdk, j->scale, s->st);
+        /* cell x + r is visible to token t when x + r < n_vis0 + t: the
+         * rows of tokens before t_min(r) = x + r + 1 - n_vis0 are masked */
+        for (uint32_t r = 0; r < nt; r++) {
+            const uint32_t need = x + r + 1; /* n_vis0 + t >= need */
+            if (need <= j->n_vis0 + t0) continue; /* visible to every token of the item */
+            const uint32_t hide = SP_MIN(nq, (need - j->n_vis0 - t0) * G);
+            float *sr = s->st + (size_t)r * nqp;
+            for (uint32_t i = 0; i < hide; i++) sr[i] = -INFINITY;
+        }
+        j->kern->softmax_t(s->st, (int32_t)nt, (int32_t)nqp, s->mw, s->lw, s->keep);
+        sp_kv_rows_to_float(g->type_v, s->vp, (int32_t)nt, (int32_t)hdv, s->vt);
+        j->kern->accum_t(s->st, (int32_t)nqp, (int32_t)nq, s->keep, s->vt, (int32_t)nt, (int32_t)hdv, s->acc,
+                         (int32_t)hdv);
+    }
+}
+
 static void run_item(const struct attn_job *j, struct attn_scratch *s, uint32_t it) {
     const struct sp_kv_geom *g = &j->kv->g;
     const uint32_t G = group_size(g), hdk = g->hd_k, hdv = g->hd_v;
@@ -348,6 +417,13 @@ static void run_item(const struct attn_job *j, struct attn_scratch *s, uint32_t 
     item_of(j, it, &kh, &tt, &ch);
     const uint32_t t0 = tt * j->tok_per_item, t1 = SP_MIN(j->n_tok, t0 + j->tok_per_item);
     const uint32_t nq = (t1 - t0) * G;
+    /* the cells this item covers: [cb, ce) */
+    const uint32_t vis_max = j->n_vis0 + t1 - 1;
+    const uint32_t cb = ch * j->split_cells, ce = j->n_split > 1 ? SP_MIN(vis_max, cb + j->split_cells) : vis_max;
+    if (j->wide) {
+        run_wide(j, s, kh, t0, nq, cb, ce);
+        goto out;
+    }
     /* queries: row i = token t0 + i / G, head kh * G + i % G */
     for (uint32_t i = 0; i < nq; i++) {
         const uint32_t t = t0 + i / G, h = kh * G + i % G;
@@ -357,9 +433,6 @@ static void run_item(const struct attn_job *j, struct attn_scratch *s, uint32_t 
         s->l[i] = 0.0f;
     }
     memset(s->acc, 0, (size_t)nq * hdv * sizeof(float));
-    /* the cells this item covers: [cb, ce) */
-    const uint32_t vis_max = j->n_vis0 + t1 - 1;
-    const uint32_t cb = ch * j->split_cells, ce = j->n_split > 1 ? SP_MIN(vis_max, cb + j->split_cells) : vis_max;
     for (uint32_t x = cb; x < ce; x += SP_KV_TILE) {
         const uint32_t nt = SP_MIN(SP_KV_TILE, ce - x);
         for (uint32_t r = 0; r < nt; r++) {
@@ -401,11 +474,12 @@ static void run_item(const struct attn_job *j, struct attn_scratch *s, uint32_t 
         sp_kv_rows_to_float(g->type_v, s->vp, (int32_t)nt, (int32_t)hdv, s->vt);
         j->kern->accum(s->s, (int32_t)nq, s->vt, (int32_t)nt, (int32_t)hdv, s->acc, (int32_t)hdv);
     }
+out:
     if (j->n_split > 1) { /* a one-token decode's chunk: keep the partial state */
         float *p = j->part + (size_t)(kh * j->n_split + ch) * G * (2 + hdv);
         for (uint32_t i = 0; i < nq; i++, p += 2 + hdv) {
-            p[0] = s->m[i];
-            p[1] = (float)s->l[i];
+            p[0] = j->wide ? s->mw[i] : s->m[i];
+            p[1] = j->wide ? s->lw[i] : (float)s->l[i];
             memcpy(p + 2, s->acc + (size_t)i * hdv, hdv * sizeof(float));
         }
         return;
@@ -489,6 +563,9 @@ void sp_kv_attend(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uin
         j.part = (float *)((uint8_t *)scratch + (size_t)nth * thread_scratch_bytes(g));
     }
     j.n_items = base_items * j.n_split;
+    /* the wide path pays from a few lanes' worth of query rows; a decode
+     * (G rows) and short prompts keep the narrow one */
+    j.wide = (uint64_t)n_tok * G >= WIDE_MIN_ROWS;
     atomic_init(&j.next, 0);
     if (nth > 1) {
         sp_pool_run(pool, attn_task, &j);

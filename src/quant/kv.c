@@ -154,7 +154,56 @@ void sp_attn_exp_ref(float *x, int32_t n, float m) {
     for (int32_t r = 0; r < n; r++) x[r] = expf(x[r] - m);
 }
 
-static const struct sp_attn_kernels ref_kernels = {sp_attn_scores_ref, sp_attn_accum_ref, sp_attn_exp_ref};
+void sp_attn_scores_t_ref(const float *restrict qt, int32_t nqp, const float *restrict k, int32_t n, int32_t hd,
+                          float scale, float *restrict st) {
+    for (int32_t r = 0; r < n; r++) {
+        for (int32_t i = 0; i < nqp; i++) {
+            float acc = 0.0f;
+            for (int32_t c = 0; c < hd; c++) acc += k[(size_t)r * hd + c] * qt[(size_t)c * nqp + i];
+            st[(size_t)r * nqp + i] = acc * scale;
+        }
+    }
+}
+
+void sp_attn_softmax_t_ref(float *restrict st, int32_t n, int32_t nqp, float *restrict m, float *restrict l,
+                           float *restrict keep) {
+    for (int32_t i = 0; i < nqp; i++) {
+        float mx = m[i];
+        for (int32_t r = 0; r < n; r++) mx = st[(size_t)r * nqp + i] > mx ? st[(size_t)r * nqp + i] : mx;
+        if (mx == -INFINITY) {
+            for (int32_t r = 0; r < n; r++) st[(size_t)r * nqp + i] = 0.0f;
+            keep[i] = 1.0f;
+            continue;
+        }
+        float sum = 0.0f;
+        for (int32_t r = 0; r < n; r++) {
+            const float p = expf(st[(size_t)r * nqp + i] - mx);
+            st[(size_t)r * nqp + i] = p;
+            sum += p;
+        }
+        const float kept = l[i] * expf(m[i] - mx), lnew = kept + sum, inv = 1.0f / lnew;
+        for (int32_t r = 0; r < n; r++) st[(size_t)r * nqp + i] *= inv;
+        keep[i] = kept * inv;
+        m[i] = mx;
+        l[i] = lnew;
+    }
+}
+
+void sp_attn_accum_t_ref(const float *restrict st, int32_t nqp, int32_t nq, const float *restrict keep,
+                         const float *restrict v, int32_t n, int32_t hd, float *restrict o, int32_t o_ld) {
+    for (int32_t i = 0; i < nq; i++) {
+        float *oi = o + (size_t)i * o_ld;
+        for (int32_t c = 0; c < hd; c++) {
+            float acc = oi[c] * keep[i];
+            for (int32_t r = 0; r < n; r++) acc += st[(size_t)r * nqp + i] * v[(size_t)r * hd + c];
+            oi[c] = acc;
+        }
+    }
+}
+
+static const struct sp_attn_kernels ref_kernels = {sp_attn_scores_ref,   sp_attn_accum_ref,   sp_attn_exp_ref,
+                                                   sp_attn_scores_t_ref, sp_attn_softmax_t_ref, sp_attn_accum_t_ref,
+                                                   1};
 static struct sp_attn_kernels kernels;
 static atomic_int kernels_ready;
 

@@ -93,11 +93,38 @@ typedef void (*sp_attn_accum_fn)(const float *restrict p, int32_t n_q, const flo
  * few ulp of it. */
 typedef void (*sp_attn_exp_fn)(float *x, int32_t n, float m);
 
+/* ---- the wide path: many query rows (a prefill), vectorised across queries
+ * The queries are transposed once per work item, qt[c * nqp + i] (hd x nqp,
+ * padding columns 0), and a tile's scores come out transposed too,
+ * st[r * nqp + i]; nqp is a multiple of the table's wide_pad.
+ *  scores_t:  st[r*nqp + i] = scale * sum_c k[r*hd + c] * qt[c*nqp + i]
+ *  softmax_t: per query column i < nqp, with the running max m[i] and sum
+ *             l[i]: mx = max(m, max_r st), p = exp(st - mx), l' = l e^(m-mx) +
+ *             sum_r p; then st = p / l', keep[i] = l e^(m-mx) / l' (the factor
+ *             the normalised accumulator is scaled by), m = mx, l = l'.  A
+ *             column whose scores are all -inf (masked) keeps m, l, gets
+ *             st = 0 and keep = 1.
+ *  accum_t:   o[i*o_ld + c] = keep[i] * o[i*o_ld + c] + sum_r st[r*nqp + i] *
+ *             v[r*hd + c] for i < nq
+ * SIMD variants use FMA and another summation order: tested with a
+ * tolerance against the references. */
+typedef void (*sp_attn_scores_t_fn)(const float *restrict qt, int32_t nqp, const float *restrict k, int32_t n,
+                                    int32_t hd, float scale, float *restrict st);
+typedef void (*sp_attn_softmax_t_fn)(float *restrict st, int32_t n, int32_t nqp, float *restrict m,
+                                     float *restrict l, float *restrict keep);
+typedef void (*sp_attn_accum_t_fn)(const float *restrict st, int32_t nqp, int32_t nq, const float *restrict keep,
+                                   const float *restrict v, int32_t n, int32_t hd, float *restrict o, int32_t o_ld);
+
 struct sp_attn_kernels {
     sp_attn_scores_fn scores;
     sp_attn_accum_fn accum;
     sp_attn_exp_fn exp;
+    sp_attn_scores_t_fn scores_t;
+    sp_attn_softmax_t_fn softmax_t;
+    sp_attn_accum_t_fn accum_t;
+    int32_t wide_pad; /* nqp of the wide path is a multiple of this (<= SP_KV_WIDE_PAD_MAX) */
 };
+#define SP_KV_WIDE_PAD_MAX 64
 
 /* The dispatched kernels (after sp_quant_init) and the references. */
 const struct sp_attn_kernels *sp_attn_kernels_get(void);
@@ -108,6 +135,12 @@ void sp_attn_scores_ref(const float *restrict q, int32_t q_ld, int32_t n_q, cons
 void sp_attn_accum_ref(const float *restrict p, int32_t n_q, const float *restrict v, int32_t n, int32_t hd,
                        float *restrict o, int32_t o_ld);
 void sp_attn_exp_ref(float *x, int32_t n, float m);
+void sp_attn_scores_t_ref(const float *restrict qt, int32_t nqp, const float *restrict k, int32_t n, int32_t hd,
+                          float scale, float *restrict st);
+void sp_attn_softmax_t_ref(float *restrict st, int32_t n, int32_t nqp, float *restrict m, float *restrict l,
+                           float *restrict keep);
+void sp_attn_accum_t_ref(const float *restrict st, int32_t nqp, int32_t nq, const float *restrict keep,
+                         const float *restrict v, int32_t n, int32_t hd, float *restrict o, int32_t o_ld);
 
 /* Called by sp_quant_init (traits.c) to fill the table from CPU features. */
 void sp_attn_kernels_init(void);

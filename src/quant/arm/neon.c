@@ -384,9 +384,105 @@ static void kv_exp_vec_neon(float *x, int32_t n, float m) {
     for (; r < n; r++) x[r] = expf(x[r] - m);
 }
 
+/* The wide path (kv.h): four key rows x 16 query columns per block. */
+static void kv_scores_t_neon(const float *restrict qt, int32_t nqp, const float *restrict k, int32_t n, int32_t hd,
+                             float scale, float *restrict st) {
+    for (int32_t i0 = 0; i0 < nqp; i0 += 16) {
+        int32_t r = 0;
+        for (; r + 4 <= n; r += 4) {
+            const float *k0 = k + (size_t)r * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+            float32x4_t a[4][4];
+            for (int x = 0; x < 4; x++)
+                for (int b = 0; b < 4; b++) a[x][b] = vdupq_n_f32(0);
+            for (int32_t c = 0; c < hd; c++) {
+                const float *qc = qt + (size_t)c * nqp + i0;
+                for (int b = 0; b < 4; b++) {
+                    const float32x4_t q = vld1q_f32(qc + 4 * b);
+                    a[0][b] = vfmaq_n_f32(a[0][b], q, k0[c]);
+                    a[1][b] = vfmaq_n_f32(a[1][b], q, k1[c]);
+                    a[2][b] = vfmaq_n_f32(a[2][b], q, k2[c]);
+                    a[3][b] = vfmaq_n_f32(a[3][b], q, k3[c]);
+                }
+            }
+            for (int x = 0; x < 4; x++)
+                for (int b = 0; b < 4; b++) vst1q_f32(st + (size_t)(r + x) * nqp + i0 + 4 * b, vmulq_n_f32(a[x][b], scale));
+        }
+        for (; r < n; r++) {
+            const float *kr = k + (size_t)r * hd;
+            float32x4_t a[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+            for (int32_t c = 0; c < hd; c++)
+                for (int b = 0; b < 4; b++) a[b] = vfmaq_n_f32(a[b], vld1q_f32(qt + (size_t)c * nqp + i0 + 4 * b), kr[c]);
+            for (int b = 0; b < 4; b++) vst1q_f32(st + (size_t)r * nqp + i0 + 4 * b, vmulq_n_f32(a[b], scale));
+        }
+    }
+}
+
+static void kv_softmax_t_neon(float *restrict st, int32_t n, int32_t nqp, float *restrict m, float *restrict l,
+                              float *restrict keep) {
+    const float32x4_t ninf = vdupq_n_f32(-INFINITY), zero = vdupq_n_f32(0), one = vdupq_n_f32(1.0f);
+    for (int32_t i = 0; i < nqp; i += 4) {
+        const float32x4_t m0 = vld1q_f32(m + i), l0 = vld1q_f32(l + i);
+        float32x4_t mx = m0;
+        for (int32_t r = 0; r < n; r++) mx = vmaxq_f32(mx, vld1q_f32(st + (size_t)r * nqp + i));
+        const uint32x4_t dead = vceqq_f32(mx, ninf);
+        const float32x4_t mxs = vbslq_f32(dead, zero, mx);
+        float32x4_t sum = zero;
+        for (int32_t r = 0; r < n; r++) {
+            const float32x4_t p = kv_exp_neon(vsubq_f32(vld1q_f32(st + (size_t)r * nqp + i), mxs));
+            vst1q_f32(st + (size_t)r * nqp + i, p);
+            sum = vaddq_f32(sum, p);
+        }
+        const float32x4_t kept = vmulq_f32(l0, kv_exp_neon(vsubq_f32(m0, mxs)));
+        const float32x4_t lnew = vaddq_f32(kept, sum);
+        const float32x4_t inv = vbslq_f32(dead, zero, vdivq_f32(one, lnew));
+        for (int32_t r = 0; r < n; r++) vst1q_f32(st + (size_t)r * nqp + i, vmulq_f32(vld1q_f32(st + (size_t)r * nqp + i), inv));
+        vst1q_f32(keep + i, vbslq_f32(dead, one, vmulq_f32(kept, inv)));
+        vst1q_f32(m + i, vbslq_f32(dead, m0, mx));
+        vst1q_f32(l + i, vbslq_f32(dead, l0, lnew));
+    }
+}
+
+static void kv_accum_t_neon(const float *restrict st, int32_t nqp, int32_t nq, const float *restrict keep,
+                            const float *restrict v, int32_t n, int32_t hd, float *restrict o, int32_t o_ld) {
+    const int32_t hv = hd - hd % 4;
+    int32_t i = 0;
+    for (; i + 4 <= nq; i += 4) {
+        for (int32_t c = 0; c < hv; c += 4) {
+            float32x4_t a[4];
+            for (int q = 0; q < 4; q++) a[q] = vmulq_n_f32(vld1q_f32(o + (size_t)(i + q) * o_ld + c), keep[i + q]);
+            for (int32_t r = 0; r < n; r++) {
+                const float32x4_t vv = vld1q_f32(v + (size_t)r * hd + c);
+                const float *pr = st + (size_t)r * nqp + i;
+                for (int q = 0; q < 4; q++) a[q] = vfmaq_n_f32(a[q], vv, pr[q]);
+            }
+            for (int q = 0; q < 4; q++) vst1q_f32(o + (size_t)(i + q) * o_ld + c, a[q]);
+        }
+        for (int q = 0; q < 4; q++) {
+            float *oq = o + (size_t)(i + q) * o_ld;
+            for (int32_t c = hv; c < hd; c++) {
+                float acc = oq[c] * keep[i + q];
+                for (int32_t r = 0; r < n; r++) acc += st[(size_t)r * nqp + i + q] * v[(size_t)r * hd + c];
+                oq[c] = acc;
+            }
+        }
+    }
+    for (; i < nq; i++) {
+        float *oq = o + (size_t)i * o_ld;
+        for (int32_t c = 0; c < hd; c++) {
+            float acc = oq[c] * keep[i];
+            for (int32_t r = 0; r < n; r++) acc += st[(size_t)r * nqp + i] * v[(size_t)r * hd + c];
+            oq[c] = acc;
+        }
+    }
+}
+
 void sp_attn_register_neon(struct sp_attn_kernels *k, const struct sp_cpu_features *f) {
     if (!f->neon) return;
     k->scores = kv_scores_neon;
     k->accum = kv_accum_neon;
     k->exp = kv_exp_vec_neon;
+    k->scores_t = kv_scores_t_neon;
+    k->softmax_t = kv_softmax_t_neon;
+    k->accum_t = kv_accum_t_neon;
+    k->wide_pad = 16;
 }

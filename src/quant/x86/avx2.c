@@ -29,4 +29,8 @@ void sp_attn_register_avx2(struct sp_attn_kernels *k, const struct sp_cpu_featur
     k->scores = kv_scores_avx2;
     k->accum = kv_accum_avx2;
     k->exp = kv_exp_avx2;
+    k->scores_t = kv_scores_t_avx2;
+    k->softmax_t = kv_softmax_t_avx2;
+    k->accum_t = kv_accum_t_avx2;
+    k->wide_pad = 16;
 }

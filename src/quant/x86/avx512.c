@@ -32,4 +32,8 @@ void sp_attn_register_avx512(struct sp_attn_kernels *k, const struct sp_cpu_feat
     k->scores = kv_scores_avx512;
     k->accum = kv_accum_avx512;
     k->exp = kv_exp_avx512;
+    k->scores_t = kv_scores_t_avx512;
+    k->softmax_t = kv_softmax_t_avx512;
+    k->accum_t = kv_accum_t_avx512;
+    k->wide_pad = 64;
 }
