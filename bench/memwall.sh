@@ -22,8 +22,17 @@
 #   MEMBW, RUNIO  bench tools (default: build/bench/membw, build/bench/runio; make bench)
 #   THREADS     threads (default 2)
 #   N_PROMPT, N_GEN   prompt and generated tokens (default 16 and 16)
+#   DEPTH       tokens already in the context (default 0): sparrow bench -d DEPTH
+#               (decodes at that depth), llama-bench -d DEPTH -p 0 (its decode test
+#               alone: the depth is filled once), llama-completion a prompt of
+#               DEPTH + N_PROMPT tokens
 #   PEER_TIMEOUT  seconds before a peer run is stopped (default 1800)
-#   SPARROW_ARGS  extra arguments for sparrow bench
+#   SPARROW_ARGS  extra arguments for sparrow bench (e.g. "-c 8192 -ctk q8_0 -ctv q8_0")
+#   LLAMA_ARGS  extra arguments for both peer settings (e.g. "-fa on -ctk q8_0 -ctv q8_0")
+#   PROMPT_TEXT  a text the mmap setting's prompt is cut from when DEPTH + N_PROMPT > 16,
+#               to that many tokens by Sparrow's tokenizer of MODEL (default: the
+#               TinyStories excerpt in SPARROW_SHARED, repeated as needed); its context
+#               is then the prompt + N_GEN (llama-bench sizes its own)
 #   KEEP        a folder to keep the raw outputs in
 # Needs root (cgroups, drop_caches) and python3 (JSON).
 set -eu
@@ -41,8 +50,12 @@ RUNIO=${RUNIO:-$root/build/bench/runio}
 THREADS=${THREADS:-2}
 N_PROMPT=${N_PROMPT:-16}
 N_GEN=${N_GEN:-16}
+DEPTH=${DEPTH:-0}
 PEER_TIMEOUT=${PEER_TIMEOUT:-1800}
 SPARROW_ARGS=${SPARROW_ARGS:-}
+LLAMA_ARGS=${LLAMA_ARGS:-}
+SPARROW_SHARED=${SPARROW_SHARED:-$root/../shared}
+PROMPT_TEXT=${PROMPT_TEXT:-$SPARROW_SHARED/peer-golden/tinystories-valid-excerpt.txt}
 
 to_bytes() { # 7.5G -> bytes (binary units)
     python3 -c '
@@ -111,7 +124,7 @@ in_cg() { # run "$@" inside the group
 }
 
 echo "memwall: $MODEL ($(du -h "$MODEL" | cut -f1)), cgroup v$CGV limit $(($LIMIT / 1048576)) MiB," \
-     "budget $(($BUDGET / 1048576)) MiB, threads $THREADS, prompt $N_PROMPT, gen $N_GEN"
+     "budget $(($BUDGET / 1048576)) MiB, threads $THREADS, depth $DEPTH, prompt $N_PROMPT, gen $N_GEN"
 
 # ---- storage read speed -----------------------------------------------------------------
 # O_DIRECT, 8 MiB blocks, 8 in flight (the pager's 8 I/O threads), 3 passes over the
@@ -131,7 +144,7 @@ drop_caches
 cg_make
 set +e
 # shellcheck disable=SC2086
-in_cg "$SPARROW" bench -m "$MODEL" --mem-budget "$BUDGET" -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" --json \
+in_cg "$SPARROW" bench -m "$MODEL" --mem-budget "$BUDGET" -d "$DEPTH" -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" --json \
     $SPARROW_ARGS > "$tmp/sparrow.json" 2> "$tmp/sparrow.err"
 rc=$?
 set -e
@@ -140,11 +153,15 @@ echo "{\"rc\": $rc, \"cg_peak\": $(cg_peak), \"oom\": $(cg_oom)}" > "$tmp/sparro
 
 # ---- llama.cpp, default (repacked heap copy) ---------------------------------------
 if [ -n "${LLAMA_BENCH:-}" ]; then
+    peer_pp="-p $N_PROMPT"
+    [ "$DEPTH" -gt 0 ] && peer_pp="-d $DEPTH -p 0"
     drop_caches
     cg_make
     set +e
+    # shellcheck disable=SC2086
     in_cg timeout "$PEER_TIMEOUT" "$RUNIO" -o "$tmp/peer-default.io" -- "$LLAMA_BENCH" -m "$MODEL" \
-        -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" -o json > "$tmp/peer-default.json" 2> "$tmp/peer-default.err"
+        $peer_pp -n "$N_GEN" -r 1 -t "$THREADS" -o json $LLAMA_ARGS > "$tmp/peer-default.json" \
+        2> "$tmp/peer-default.err"
     rc=$?
     set -e
     echo "{\"rc\": $rc, \"cg_peak\": $(cg_peak), \"oom\": $(cg_oom)}" > "$tmp/peer-default.cg"
@@ -152,11 +169,36 @@ fi
 
 # ---- llama.cpp, mmap-backed (-nr) ----------------------------------------------------
 if [ -n "${LLAMA_COMPLETION:-}" ]; then
+    printf 'Once upon a time' > "$tmp/prompt.txt"
+    peer_ctx=""
+    n_mmap=$((DEPTH + N_PROMPT))
+    if [ "$n_mmap" -gt 16 ]; then # a prompt of DEPTH + N_PROMPT tokens (BOS included) by MODEL's vocabulary
+        [ -r "$PROMPT_TEXT" ] || { echo "memwall.sh: cannot read PROMPT_TEXT '$PROMPT_TEXT'" >&2; exit 2; }
+        python3 - "$SPARROW" "$MODEL" "$PROMPT_TEXT" "$n_mmap" "$tmp/prompt.txt" <<'EOF2'
+import subprocess, sys
+sparrow, model, src, want, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+base = open(src, encoding="utf-8", errors="replace").read()
+def count(t):
+    r = subprocess.run([sparrow, "tokenize", "-m", model, "--file", "-"], input=t.encode(), capture_output=True, check=True)
+    return len(r.stdout.split())
+text = base
+while count(text) < want: text += "\n" + base
+lo, hi = 0, len(text)  # the longest prefix with at most `want` tokens
+while lo < hi:
+    mid = (lo + hi + 1) // 2
+    if count(text[:mid]) <= want: lo = mid
+    else: hi = mid - 1
+open(out, "w", encoding="utf-8").write(text[:lo])
+print("memwall: the mmap setting's prompt: %d tokens (%d characters)" % (count(text[:lo]), lo))
+EOF2
+        peer_ctx="-c $((n_mmap + N_GEN))"
+    fi
     drop_caches
     cg_make
     set +e
+    # shellcheck disable=SC2086
     in_cg timeout "$PEER_TIMEOUT" "$RUNIO" -o "$tmp/peer-mmap.io" -- "$LLAMA_COMPLETION" -m "$MODEL" -nr \
-        -p "Once upon a time" -n "$N_GEN" -t "$THREADS" --temp 0 -no-cnv --ignore-eos \
+        -f "$tmp/prompt.txt" -n "$N_GEN" -t "$THREADS" --temp 0 -no-cnv --ignore-eos $peer_ctx $LLAMA_ARGS \
         > "$tmp/peer-mmap.out" 2> "$tmp/peer-mmap.err" < /dev/null
     rc=$?
     set -e
@@ -179,7 +221,7 @@ s, scg = load("sparrow.json"), load("sparrow.cg")
 if scg is not None:
     if s:
         bpt = s.get("bytes_read_per_token")
-        bound = read_gbps * 1e9 / bpt if bpt else None
+        bound = read_gbps * 1e9 / bpt if bpt and bpt >= MiB else None  # no bound when (almost) nothing streams
         rows.append(("sparrow --mem-budget %.2fG" % (budget / 2**30), s["decode_tps"], scg["cg_peak"], s["peak_rss_bytes"],
                      bpt, bound, s.get("expert_hit_rate"), s.get("prefetch_accuracy"), "ok"))
     else:
