@@ -461,6 +461,7 @@ struct sp_kv_info {
     int64_t n_discarded;      /* tokens context shifts have dropped */
     int32_t n_shifts;
     int32_t next_pos;         /* position the next token gets */
+    bool swapped;             /* in a swap file (sp_session_swap_out): n_cells and n_ctx only */
 };
 sp_status sp_session_kv_info(const struct sp_session *s, struct sp_kv_info *out);
 
@@ -483,6 +484,24 @@ sp_status sp_session_save(struct sp_session *s, const char *path);
  * "checksum"); a refused file leaves the session as it was (the whole file
  * is checked before it is used).  SP_E_IO, and then the session is empty. */
 sp_status sp_session_load(struct sp_session *s, const char *path);
+
+/* Swap an idle session out: its tokens and KV rows go to a file in folder
+ * dir (a saved session, "sparrow-swap.<pid>.<n>.session"), and its KV memory
+ * comes back -- its blocks to the model's pool, their pages to the OS, its
+ * share of the memory account -- so that another session can use it.  The
+ * logits, the sampler and the scratch stay.  Any later call that needs the
+ * cache (sp_decode, sp_sample, truncate, save, load, reset, set_sampling,
+ * set_seed) swaps it in first, or sp_session_swap_in does it now: it goes on
+ * bit for bit as if it had never left, and the file is removed.  While out,
+ * sp_session_tokens is NULL and sp_session_n_past the tokens it held.
+ * Swapping in can fail with SP_E_NOMEM when the account has no room (it
+ * stays out; the message has the numbers), or SP_E_IO / SP_E_FORMAT when the
+ * file cannot be read back (the session is then empty).  A session with
+ * logits_all cannot swap (SP_E_STATE).  The file goes when the session is
+ * freed. */
+sp_status sp_session_swap_out(struct sp_session *s, const char *dir);
+sp_status sp_session_swap_in(struct sp_session *s);
+bool sp_session_swapped(const struct sp_session *s);
 
 /* ---------------------------------------------------------------------------
  * Memory budget: the placement plan and the pager's counters.

@@ -23,6 +23,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <unistd.h>
 #include <unistd.h>
@@ -441,7 +442,11 @@ struct sp_session {
     uint32_t n_last;   /* tokens fed by the last sp_decode; its last n_logits have rows */
     struct sp_sampler *sampler;
     uint64_t kv_reserved, scratch_reserved; /* this session's shares of the model's memory account */
+    char *swap_path;    /* swapped out (sp_session_swap_out): its KV cache is in this file */
+    int32_t swap_n;     /* tokens it held then */
 };
+
+static sp_status swap_in(struct sp_session *s, const char *fn);
 
 struct sp_session_params sp_session_default_params(void) {
     return (struct sp_session_params){
@@ -580,6 +585,10 @@ fail:
 
 void sp_session_free(struct sp_session *s) {
     if (!s) return;
+    if (s->swap_path) {
+        (void)unlink(s->swap_path);
+        sp_free(s->swap_path);
+    }
     sp_budget_release(s->model->budget, SP_BUDGET_KV, s->kv_reserved);
     sp_budget_release(s->model->budget, SP_BUDGET_SCRATCH, s->scratch_reserved);
     sp_sampler_free(s->sampler);
@@ -590,6 +599,7 @@ void sp_session_free(struct sp_session *s) {
 
 void sp_session_reset(struct sp_session *s) {
     if (!s) return;
+    if (s->swap_path && swap_in(s, __func__) != SP_OK) return; /* stays swapped out; the message says why */
     sp_seq_reset(s->seq);
     s->n_logits = 0;
     sp_sampler_reset(s->sampler, s->p.seed);
@@ -609,6 +619,8 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
         return sp_err(SP_E_INVALID, "%s: %d tokens with logits_all: one call takes at most n_batch = %u", __func__, n,
                       s->seq->p.n_batch);
     }
+    sp_status rs = s->swap_path ? swap_in(s, __func__) : SP_OK;
+    if (rs) return rs;
     sp_moe_trace_clear(s->seq->fwd);
     uint32_t done = 0;
     const sp_status rc = sp_seq_decode(s->seq, tokens, (uint32_t)n, s->logits, s->p.logits_all, &done);
@@ -637,6 +649,8 @@ const float *sp_get_logits_ith(const struct sp_session *s, int32_t i) {
 
 sp_status sp_sample(struct sp_session *s, int32_t *out_token) {
     if (!s || !out_token) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    sp_status rs = s->swap_path ? swap_in(s, __func__) : SP_OK;
+    if (rs) return rs;
     const float *logits = sp_get_logits(s);
     if (!logits) return sp_err(SP_E_STATE, "%s: no logits yet: decode a token first", __func__);
     *out_token = sp_sampler_sample(s->sampler, logits);
@@ -653,7 +667,7 @@ bool sp_session_routing(const struct sp_session *s, uint32_t il, uint32_t pos, s
 }
 
 int32_t sp_session_n_past(const struct sp_session *s) {
-    return s ? (int32_t)sp_seq_n(s->seq) : 0;
+    return !s ? 0 : s->swap_path ? s->swap_n : (int32_t)sp_seq_n(s->seq);
 }
 
 int32_t sp_session_n_ctx(const struct sp_session *s) {
@@ -661,11 +675,13 @@ int32_t sp_session_n_ctx(const struct sp_session *s) {
 }
 
 const int32_t *sp_session_tokens(const struct sp_session *s) {
-    return s ? s->seq->cells.tok : NULL;
+    return s && !s->swap_path ? s->seq->cells.tok : NULL;
 }
 
 sp_status sp_session_truncate(struct sp_session *s, int32_t n) {
     if (!s) return sp_err(SP_E_INVALID, "%s: NULL session", __func__);
+    sp_status rs = s->swap_path ? swap_in(s, __func__) : SP_OK;
+    if (rs) return rs;
     const uint32_t held = sp_seq_n(s->seq);
     if (n < 0 || (uint32_t)n > held)
         return sp_err(SP_E_INVALID, "%s: cannot keep %d tokens of %u held", __func__, n, held);
@@ -678,6 +694,8 @@ sp_status sp_session_truncate(struct sp_session *s, int32_t n) {
 
 sp_status sp_session_set_sampling(struct sp_session *s, const struct sp_sampling_params *p) {
     if (!s || !p) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    sp_status rs = s->swap_path ? swap_in(s, __func__) : SP_OK; /* the file holds the sampler's state */
+    if (rs) return rs;
     sp_status rc = sp_sampler_set_params(s->sampler, p);
     if (!rc) s->p.sampling = *p;
     return rc;
@@ -685,6 +703,7 @@ sp_status sp_session_set_sampling(struct sp_session *s, const struct sp_sampling
 
 void sp_session_set_seed(struct sp_session *s, uint64_t seed) {
     if (!s) return;
+    if (s->swap_path && swap_in(s, __func__) != SP_OK) return;
     s->p.seed = seed;
     sp_sampler_seed(s->sampler, seed);
 }
@@ -702,13 +721,18 @@ sp_status sp_session_kv_info(const struct sp_session *s, struct sp_kv_info *out)
     memset(out, 0, sizeof *out);
     out->type_k = q->p.type_k;
     out->type_v = q->p.type_v;
-    out->n_cells = (int32_t)q->cells.n;
     out->n_ctx = (int32_t)q->p.n_ctx;
+    out->pool_bytes = sp_kv_cache_bytes(q->kv);
+    out->swapped = s->swap_path != NULL;
+    if (s->swap_path) { /* in the swap file: the session holds no KV memory */
+        out->n_cells = s->swap_n;
+        return SP_OK;
+    }
+    out->n_cells = (int32_t)q->cells.n;
     out->bytes_stored = sp_seq_kv_bytes(q);
     out->values_stored = (uint64_t)q->cells.n * hp->n_layers * hp->n_kv_heads * (hp->head_dim_k + hp->head_dim_v);
     out->bits_per_value = out->values_stored ? (double)out->bytes_stored * 8.0 / (double)out->values_stored : 0.0;
     out->bytes_reserved = sp_kv_seq_bytes(&q->kv->g, q->p.n_ctx);
-    out->pool_bytes = sp_kv_cache_bytes(q->kv);
     out->n_discarded = (int64_t)q->n_discarded;
     out->n_shifts = (int32_t)q->n_shifts;
     out->next_pos = q->next_pos;
@@ -806,6 +830,10 @@ static void out_u32(struct save_out *o, uint32_t v) {
 }
 
 sp_status sp_session_save(struct sp_session *s, const char *path) {
+    if (s && s->swap_path) {
+        sp_status rs = swap_in(s, __func__);
+        if (rs) return rs;
+    }
     if (!s || !path) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
     struct sp_model *m = s->model;
     const struct sp_seq *q = s->seq;
@@ -899,6 +927,8 @@ static sp_status read_u32s(struct sp_file *f, uint64_t off, uint32_t n, void *ou
 
 sp_status sp_session_load(struct sp_session *s, const char *path) {
     if (!s || !path) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    sp_status rs = s->swap_path ? swap_in(s, __func__) : SP_OK; /* a refused file leaves the session as it was */
+    if (rs) return rs;
     struct sp_file *f = NULL;
     sp_status rc = sp_file_open(path, &f);
     if (!rc) rc = sp_session_load_from(s, f, true);
@@ -1006,6 +1036,82 @@ done:
     sp_free(pos);
     sp_free(hist);
     return rc;
+}
+
+/* ---- swap ------------------------------------------------------------------ */
+
+sp_status sp_session_swap_out(struct sp_session *s, const char *dir) {
+    if (!s || !dir || !*dir) return sp_err(SP_E_INVALID, "%s: need a session and a folder", __func__);
+    if (s->swap_path) return SP_OK; /* already out */
+    if (s->p.logits_all) {
+        return sp_err(SP_E_STATE, "%s: a session with logits_all keeps a batch of logits rows: it cannot swap",
+                      __func__);
+    }
+    static atomic_uint serial;
+    const size_t n = strlen(dir) + 64;
+    char *path = sp_malloc(n);
+    if (!path) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    snprintf(path, n, "%s/sparrow-swap.%ld.%u.session", dir, (long)getpid(), atomic_fetch_add(&serial, 1));
+    sp_status rc = sp_session_save(s, path);
+    if (rc) {
+        sp_free(path);
+        return rc;
+    }
+    s->swap_n = (int32_t)sp_seq_n(s->seq);
+    s->swap_path = path;
+    sp_seq_kv_release(s->seq);
+    sp_budget_release(s->model->budget, SP_BUDGET_KV, s->kv_reserved);
+    s->kv_reserved = 0;
+    SP_LOG_I("session swapped out: %d tokens to '%s'", (int)s->swap_n, path);
+    return SP_OK;
+}
+
+/* Take the KV memory again and read the swap file back: the session goes on
+ * bit for bit.  On failure it stays swapped out (SP_E_NOMEM: the account or
+ * the storage had no room, the numbers in the message), or, when the file
+ * cannot be read back, it is empty and resident (SP_E_IO / SP_E_FORMAT). */
+static sp_status swap_in(struct sp_session *s, const char *fn) {
+    struct sp_model *m = s->model;
+    const struct sp_seq_params *q = &s->seq->p;
+    const uint64_t kv_bytes = sp_kv_seq_bytes(&s->seq->kv->g, q->n_ctx);
+    char what[96];
+    snprintf(what, sizeof what, "a swapped-out session's KV cache (%u tokens, %s/%s)", q->n_ctx,
+             sp_kv_type_name(q->type_k), sp_kv_type_name(q->type_v));
+    sp_status rc = sp_budget_reserve(m->budget, SP_BUDGET_KV, kv_bytes, what);
+    if (rc) return rc;
+    if ((rc = sp_seq_kv_regain(s->seq))) {
+        sp_budget_release(m->budget, SP_BUDGET_KV, kv_bytes);
+        return rc;
+    }
+    s->kv_reserved = kv_bytes;
+    char *path = s->swap_path;
+    s->swap_path = NULL;
+    /* the logits and the sampler never left: keep this session's rows */
+    const uint32_t n_last = s->n_last, n_logits = s->n_logits;
+    rc = sp_session_load(s, path);
+    (void)unlink(path);
+    if (rc) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", sp_last_error());
+        sp_session_reset(s);
+        rc = sp_err(rc, "%s: reading the session back from its swap file failed (the session is empty now): %s", fn,
+                    why);
+    } else {
+        s->n_last = n_last;
+        s->n_logits = n_logits;
+        SP_LOG_I("session swapped in: %d tokens from '%s'", (int)sp_seq_n(s->seq), path);
+    }
+    sp_free(path);
+    return rc;
+}
+
+sp_status sp_session_swap_in(struct sp_session *s) {
+    if (!s) return sp_err(SP_E_INVALID, "%s: NULL session", __func__);
+    return s->swap_path ? swap_in(s, __func__) : SP_OK;
+}
+
+bool sp_session_swapped(const struct sp_session *s) {
+    return s && s->swap_path;
 }
 
 /* ---- memory budget -------------------------------------------------------- */

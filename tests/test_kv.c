@@ -144,8 +144,10 @@ static void test_kernels(void) {
                 CHECKF(md < 1e-5f * sqrtf((float)hd), "scores hd %d nq %d n %d: max diff %g", hd, nq, n, md);
                 for (int i = 0; i < nq * n; i++) p[i] = fabsf(frand());
                 for (int i = 0; i < nq * hd; i++) o1[i] = o2[i] = frand();
-                r->accum(p, nq, kk, n, hd, o1, hd);
-                k->accum(p, nq, kk, n, hd, o2, hd);
+                float ps[16], kp[16];
+                for (int i = 0; i < nq; i++) ps[i] = 0.5f + fabsf(frand()), kp[i] = i % 3 ? fabsf(frand()) : 1.0f;
+                r->accum(p, nq, ps, kp, kk, n, hd, o1, hd);
+                k->accum(p, nq, ps, kp, kk, n, hd, o2, hd);
                 CHECKF(memcmp(o1, o2, (size_t)nq * hd * sizeof(float)) == 0, "accum hd %d nq %d n %d: not the "
                        "reference's bits", hd, nq, n);
             }
@@ -236,6 +238,53 @@ static void wide_check(const char *name, const struct sp_attn_kernels *k) {
     printf("  wide attention kernels, %s (pad %d): %d cases\n", name, k->wide_pad, cases);
 }
 
+/* The narrow path's kernels straight from stored rows (F16, Q8_0) against
+ * the F32 kernels on the converted tile: scores within the same tolerance,
+ * accum bit for bit; a type they do not take is declined. */
+static void rows_check(const char *name, const struct sp_attn_kernels *k) {
+    if (!k->scores_rows || !k->accum_rows) return;
+    const struct sp_attn_kernels *r = sp_attn_kernels_ref();
+    enum { HD = 128, N = SP_KV_TILE };
+    static float q[8 * HD], rows_f[N * HD], s1[8 * N], s2[8 * N], o1[8 * HD], o2[8 * HD], src[N * HD];
+    static uint8_t store[N][HD * 4];
+    const void *rp[N];
+    const enum sp_kv_type types[] = {SP_KV_F16, SP_KV_Q8_0};
+    int cases = 0;
+    for (size_t ti = 0; ti < SP_ARRAY_LEN(types); ti++) {
+        for (int32_t hd = 32; hd <= HD; hd += 96) {
+            for (int32_t nq = 1; nq <= 8; nq += 3) {
+                for (int32_t n = 1; n <= N; n += 15) {
+                    for (int i = 0; i < n * hd; i++) src[i] = gauss();
+                    for (int32_t rr = 0; rr < n; rr++) {
+                        sp_kv_row_store(types[ti], src + (size_t)rr * hd, store[rr], hd);
+                        rp[rr] = store[rr];
+                    }
+                    sp_kv_rows_to_float(types[ti], rp, n, hd, rows_f);
+                    for (int i = 0; i < nq * hd; i++) q[i] = gauss();
+                    r->scores(q, hd, nq, rows_f, n, hd, 0.125f, s1);
+                    CHECK(k->scores_rows(types[ti], q, hd, nq, rp, n, hd, 0.125f, s2));
+                    float md = 0;
+                    for (int i = 0; i < nq * n; i++) md = fmaxf(md, fabsf(s1[i] - s2[i]));
+                    CHECKF(md < 1e-5f * sqrtf((float)hd), "%s scores_rows %s hd %d nq %d n %d: max diff %g", name,
+                           sp_kv_type_name(types[ti]), hd, nq, n, md);
+                    float ps[8], kp[8];
+                    for (int i = 0; i < nq; i++) ps[i] = 0.5f + fabsf(frand()), kp[i] = i % 2 ? fabsf(frand()) : 1.0f;
+                    for (int i = 0; i < nq * n; i++) s1[i] = fabsf(frand());
+                    for (int i = 0; i < nq * hd; i++) o1[i] = o2[i] = frand();
+                    r->accum(s1, nq, ps, kp, rows_f, n, hd, o1, hd);
+                    CHECK(k->accum_rows(types[ti], s1, nq, ps, kp, rp, n, hd, o2, hd));
+                    CHECKF(memcmp(o1, o2, (size_t)nq * hd * sizeof(float)) == 0,
+                           "%s accum_rows %s hd %d nq %d n %d: not the reference's bits", name,
+                           sp_kv_type_name(types[ti]), hd, nq, n);
+                    cases++;
+                }
+            }
+        }
+    }
+    CHECK(!k->scores_rows(SP_KV_Q4_0, q, 32, 1, rp, 1, 32, 1.0f, s2)); /* declined: the caller converts */
+    printf("  attention kernels from stored rows, %s: %d cases\n", name, cases);
+}
+
 static void test_wide_kernels(void) {
     struct sp_attn_kernels t = *sp_attn_kernels_ref();
     wide_check("ref", &t);
@@ -244,13 +293,14 @@ static void test_wide_kernels(void) {
     if (f->avx2 && f->fma) {
         sp_attn_register_avx2(&t, f);
         wide_check("avx2", &t);
+        rows_check("avx2", &t);
     }
     t = *sp_attn_kernels_ref();
     sp_attn_register_avx512(&t, f);
-    if (t.scores_t != sp_attn_kernels_ref()->scores_t) wide_check("avx512", &t);
+    if (t.scores_t != sp_attn_kernels_ref()->scores_t) wide_check("avx512", &t), rows_check("avx512", &t);
 #elif defined(__aarch64__)
     sp_attn_register_neon(&t, f);
-    if (t.scores_t != sp_attn_kernels_ref()->scores_t) wide_check("neon", &t);
+    if (t.scores_t != sp_attn_kernels_ref()->scores_t) wide_check("neon", &t), rows_check("neon", &t);
 #else
     (void)f;
 #endif
@@ -442,7 +492,9 @@ static void test_attention(void) {
         {4, 4, 32, SP_KV_F32, SP_KV_F32, 40, 1},   {8, 2, 64, SP_KV_F16, SP_KV_F16, 100, 7},
         {8, 2, 32, SP_KV_Q8_0, SP_KV_Q4_0, 70, 70}, {4, 1, 64, SP_KV_Q4H, SP_KV_Q4H, 600, 1},
         {8, 8, 32, SP_KV_Q4H, SP_KV_F16, 300, 3},  {16, 2, 32, SP_KV_F32, SP_KV_Q4H, 257, 1},
-        {2, 1, 8, SP_KV_F32, SP_KV_F16, 33, 2},
+        {2, 1, 8, SP_KV_F32, SP_KV_F16, 33, 2},    {8, 4, 8, SP_KV_F32, SP_KV_F32, 64, 16},
+        {8, 4, 8, SP_KV_F16, SP_KV_F16, 40, 40},   {32, 8, 128, SP_KV_F16, SP_KV_F16, 300, 20},
+        {8, 4, 8, SP_KV_F32, SP_KV_F32, 16, 16},   {8, 4, 8, SP_KV_F32, SP_KV_F32, 100, 100},
     };
     for (size_t ci = 0; ci < SP_ARRAY_LEN(cases); ci++) {
         const struct sp_kv_geom g = {2, cases[ci].heads, cases[ci].kv_heads, cases[ci].hd, cases[ci].hd,

@@ -380,12 +380,94 @@ static void test_budget(void) {
     sp_model_free(m);
 }
 
+/* Swap: an idle session goes to a file and gives its KV memory back; it
+ * comes back bit for bit, whichever call brings it; a damaged file empties
+ * it with a message; a folder it cannot write keeps it resident. */
+static void test_swap(void) {
+    struct sp_model *m = load(QWEN3);
+    if (!m) return;
+    struct sp_model_info mi;
+    sp_model_get_info(m, &mi);
+    const int32_t V = mi.n_vocab;
+    enum { NP = 60, NG = 16 };
+    int32_t p[NP];
+    prompt(p, NP, V);
+    static float lr[NG * 512], la[NG * 512], lb[NG * 512];
+    int32_t tr[NG], ta[NG], tb[NG];
+    const enum sp_kv_type types[] = {SP_KV_F16, SP_KV_Q8_0, SP_KV_Q4H};
+    for (size_t ti = 0; ti < SP_ARRAY_LEN(types); ti++) {
+        struct sp_session_params sp = params(128, types[ti], 0.9f);
+        struct sp_session *r = session(m, &sp), *a = session(m, &sp), *b = NULL;
+        if (!r || !a) goto next;
+        CHECK(sp_decode(r, p, NP) == SP_OK && sp_decode(a, p, NP) == SP_OK);
+        CHECK(gen(r, 4, V, lr, tr) == SP_OK && gen(a, 4, V, la, ta) == SP_OK);
+        struct sp_mem_stats m0, m1, m2;
+        sp_model_get_mem_stats(m, &m0);
+        CHECKF(sp_session_swap_out(a, scratch_dir()) == SP_OK, "swap out: %s", sp_last_error());
+        sp_model_get_mem_stats(m, &m1);
+        struct sp_kv_info ki;
+        sp_session_kv_info(a, &ki);
+        CHECK(sp_session_swapped(a) && ki.swapped && ki.n_cells == NP + 4 && ki.bytes_reserved == 0 &&
+              sp_session_n_past(a) == NP + 4 && sp_session_tokens(a) == NULL);
+        CHECKF(m1.account_kv < m0.account_kv, "the account's KV share: %llu before, %llu swapped out",
+               (unsigned long long)m0.account_kv, (unsigned long long)m1.account_kv);
+        CHECK(sp_session_swap_out(a, scratch_dir()) == SP_OK); /* already out: nothing to do */
+        /* another session works in the blocks it gave back */
+        b = session(m, &sp);
+        if (b) CHECK(sp_decode(b, p + 7, 40) == SP_OK && gen(b, NG, V, lb, tb) == SP_OK);
+        /* the first sample swaps it in; both go on as one */
+        CHECK(gen(r, NG, V, lr, tr) == SP_OK);
+        CHECKF(gen(a, NG, V, la, ta) == SP_OK, "after the swap: %s", sp_last_error());
+        CHECKF(memcmp(lr, la, sizeof(float) * NG * V) == 0 && memcmp(tr, ta, sizeof tr) == 0,
+               "%s: the swapped session's logits differ from the unbroken run's", sp_kv_type_name(types[ti]));
+        sp_model_get_mem_stats(m, &m2);
+        CHECK(!sp_session_swapped(a) && sp_session_n_past(a) == NP + 4 + NG && m2.account_kv > m1.account_kv);
+        /* a damaged swap file: the call that needs it fails and says so, the session is empty */
+        CHECK(sp_session_swap_out(a, scratch_dir()) == SP_OK);
+        char path[600] = "";
+        {
+            char cmd[700];
+            snprintf(cmd, sizeof cmd, "ls %s/sparrow-swap.%d.*.session 2>/dev/null | head -n 1", scratch_dir(),
+                     (int)getpid());
+            FILE *f = popen(cmd, "r");
+            if (f) {
+                if (fgets(path, sizeof path, f)) path[strcspn(path, "\n")] = 0;
+                pclose(f);
+            }
+        }
+        CHECKF(path[0] && truncate(path, 100) == 0, "the swap file '%s'", path);
+        const int32_t t0 = p[1];
+        const sp_status st = sp_decode(a, &t0, 1);
+        CHECKF(st == SP_E_FORMAT && strstr(sp_last_error(), "swap file") && sp_session_n_past(a) == 0 &&
+                   !sp_session_swapped(a),
+               "a damaged swap file: %s (%s)", sp_status_str(st), sp_last_error());
+        CHECK(access(path, F_OK) != 0); /* removed */
+        CHECK(sp_decode(a, p, 8) == SP_OK);
+        /* a folder it cannot write: refused, still resident */
+        CHECK(sp_session_swap_out(a, "/nonexistent-sparrow-dir") == SP_E_IO && !sp_session_swapped(a) &&
+              sp_session_n_past(a) == 8);
+        printf("  swap %-4s: out and in bit for bit, the account's KV share %llu -> %llu bytes while out\n",
+               sp_kv_type_name(types[ti]), (unsigned long long)m0.account_kv, (unsigned long long)m1.account_kv);
+        /* freed while out: the file goes too */
+        CHECK(sp_session_swap_out(a, scratch_dir()) == SP_OK);
+    next:
+        sp_session_free(a);
+        sp_session_free(b);
+        sp_session_free(r);
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls %s/sparrow-swap.%d.*.session >/dev/null 2>&1", scratch_dir(), (int)getpid());
+    CHECK(system(cmd) != 0); /* no swap file left */
+    sp_model_free(m);
+}
+
 int main(void) {
     test_save_load();
     test_truncate();
     test_shift_equivalence();
     test_abort_and_context();
     test_budget();
+    test_swap();
     printf("test_session: %d checks, %d failed\n", test_checks, test_failures);
     return test_failures != 0;
 }

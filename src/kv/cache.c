@@ -15,6 +15,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <sys/mman.h>
 
 #define PTR_PAGE 4096u  /* block pointers per page of the two-level table */
 #define PTR_PAGES 4096u /* pages: up to 16 M blocks */
@@ -171,6 +172,23 @@ sp_status sp_kv_seq_init(struct sp_kv_cache *kv, uint32_t n_ctx, struct sp_kv_ce
     return rc;
 }
 
+static inline uint8_t *block_data(const struct sp_kv_cache *kv, uint32_t b);
+
+/* Give the pages of every free block back to the OS (whole pages inside
+ * the block): they read as zeros when next used, and a free block is
+ * written before it is read (invariant 3), so nothing sees the difference.
+ * The resident memory then follows the blocks held.  Called with kv->mu. */
+static void trim_free_blocks(struct sp_kv_cache *kv) {
+    const uintptr_t page = 4096;
+    pthread_mutex_lock(&kv->blocks.mu);
+    for (uint32_t i = 0; i < kv->blocks.n_free; i++) {
+        const uintptr_t a = (uintptr_t)block_data(kv, kv->blocks.free_list[i]);
+        const uintptr_t b = (a + page - 1) & ~(page - 1), e = (a + kv->block_bytes) & ~(page - 1);
+        if (e > b) (void)madvise((void *)b, e - b, MADV_DONTNEED);
+    }
+    pthread_mutex_unlock(&kv->blocks.mu);
+}
+
 void sp_kv_seq_free(struct sp_kv_cache *kv, struct sp_kv_cells *c) {
     if (!c->blocks) return;
     const uint32_t quota = c->quota;
@@ -181,6 +199,8 @@ void sp_kv_seq_free(struct sp_kv_cache *kv, struct sp_kv_cells *c) {
         SP_ASSERT(kv->blocks.n_free == kv->blocks.n);
         release_storage(kv);
         kv->granted = 0;
+    } else {
+        trim_free_blocks(kv);
     }
     pthread_mutex_unlock(&kv->mu);
 }
@@ -361,6 +381,33 @@ static void item_of(const struct attn_job *j, uint32_t it, uint32_t *kh, uint32_
     *ch = it % j->n_split;
 }
 
+/* Ask for the rows of tile [x, x + nt) of KV head kh ahead of their use: a
+ * tile's rows are a run of a block (a page or two), the next tile's are in
+ * another block, so the hardware prefetcher, which stops at page
+ * boundaries, would start every tile from a cold miss. */
+static inline void prefetch_line(const void *p) {
+    /* an asm statement: GCC treats __builtin_prefetch as free of effects and
+     * dropped the whole loop (a function of nothing but prefetches is
+     * "const" to it, and its calls went) */
+#if defined(__x86_64__)
+    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p));
+#elif defined(__aarch64__)
+    __asm__ volatile("prfm pldl1keep, %0" : : "Q"(*(const char *)p));
+#else
+    __builtin_prefetch(p);
+#endif
+}
+
+static void prefetch_tile(const struct attn_job *j, uint32_t kh, uint32_t x, uint32_t nt) {
+    const struct sp_kv_cache *kv = j->kv;
+    for (uint32_t r = 0; r < nt; r++) {
+        const uint32_t slot = j->c->slot[x + r];
+        const uint8_t *k = k_row(kv, slot, j->il, kh), *v = v_row(kv, slot, j->il, kh);
+        for (size_t b = 0; b < kv->rb_k; b += 64) prefetch_line(k + b);
+        for (size_t b = 0; b < kv->rb_v; b += 64) prefetch_line(v + b);
+    }
+}
+
 /* The wide path of run_item for nq query rows (t0's first, G per token)
  * over cells [cb, ce): the queries are transposed once, and each tile's
  * scores, softmax and weighted sum run with the queries across the vector
@@ -385,8 +432,10 @@ static void run_wide(const struct attn_job *j, struct attn_scratch *s, uint32_t 
         s->lw[i] = 0.0f;
     }
     memset(s->acc, 0, (size_t)nq * hdv * sizeof(float));
+    if (cb < ce) prefetch_tile(j, kh, cb, SP_MIN(SP_KV_TILE, ce - cb));
     for (uint32_t x = cb; x < ce; x += SP_KV_TILE) {
         const uint32_t nt = SP_MIN(SP_KV_TILE, ce - x);
+        if (x + SP_KV_TILE < ce) prefetch_tile(j, kh, x + SP_KV_TILE, SP_MIN(SP_KV_TILE, ce - x - SP_KV_TILE));
         for (uint32_t r = 0; r < nt; r++) {
             const uint32_t slot = j->c->slot[x + r];
             s->kp[r] = k_row(j->kv, slot, j->il, kh);
@@ -433,15 +482,20 @@ static void run_item(const struct attn_job *j, struct attn_scratch *s, uint32_t 
         s->l[i] = 0.0f;
     }
     memset(s->acc, 0, (size_t)nq * hdv * sizeof(float));
+    if (cb < ce) prefetch_tile(j, kh, cb, SP_MIN(SP_KV_TILE, ce - cb));
     for (uint32_t x = cb; x < ce; x += SP_KV_TILE) {
         const uint32_t nt = SP_MIN(SP_KV_TILE, ce - x);
+        if (x + SP_KV_TILE < ce) prefetch_tile(j, kh, x + SP_KV_TILE, SP_MIN(SP_KV_TILE, ce - x - SP_KV_TILE));
         for (uint32_t r = 0; r < nt; r++) {
             const uint32_t slot = j->c->slot[x + r];
             s->kp[r] = k_row(j->kv, slot, j->il, kh);
             s->vp[r] = v_row(j->kv, slot, j->il, kh);
         }
-        sp_kv_rows_to_float(g->type_k, s->kp, (int32_t)nt, (int32_t)hdk, s->kt);
-        j->kern->scores(s->qp, (int32_t)hdk, (int32_t)nq, s->kt, (int32_t)nt, (int32_t)hdk, j->scale, s->s);
+        if (!j->kern->scores_rows || !j->kern->scores_rows(g->type_k, s->qp, (int32_t)hdk, (int32_t)nq, s->kp,
+                                                           (int32_t)nt, (int32_t)hdk, j->scale, s->s)) {
+            sp_kv_rows_to_float(g->type_k, s->kp, (int32_t)nt, (int32_t)hdk, s->kt);
+            j->kern->scores(s->qp, (int32_t)hdk, (int32_t)nq, s->kt, (int32_t)nt, (int32_t)hdk, j->scale, s->s);
+        }
         for (uint32_t i = 0; i < nq; i++) {
             float *si = s->s + (size_t)i * nt;
             const uint32_t vis = j->n_vis0 + t0 + i / G; /* cells [0, vis) */
@@ -451,28 +505,30 @@ static void run_item(const struct attn_job *j, struct attn_scratch *s, uint32_t 
             for (uint32_t r = nv; r < nt; r++) si[r] = 0.0f;
             if (nv == 0 || mx == -INFINITY) {
                 for (uint32_t r = 0; r < nv; r++) si[r] = 0.0f;
+                s->keep[i] = s->lw[i] = 1.0f;
                 continue;
             }
             /* the accumulator stays normalised: acc = sum p v / l over the
              * cells so far, so that a context of one tile gives exactly the
-             * two-pass softmax (weights normalised, then summed) */
+             * two-pass softmax (weights normalised, then summed); accum
+             * rescales it by keep and weighs the new rows by p / l' */
             const float m_new = mx > s->m[i] ? mx : s->m[i];
             const double kept = s->l[i] * (double)expf(s->m[i] - m_new); /* 0 for the first tile */
             j->kern->exp(si, (int32_t)nv, m_new);
             double sum = 0.0;
             for (uint32_t r = 0; r < nv; r++) sum += si[r];
             const double l_new = kept + sum;
-            const float inv = (float)(1.0 / l_new), keep = (float)(kept / l_new);
-            for (uint32_t r = 0; r < nv; r++) si[r] *= inv;
+            s->lw[i] = (float)(1.0 / l_new);
+            s->keep[i] = (float)(kept / l_new);
             s->l[i] = l_new;
             s->m[i] = m_new;
-            if (keep != 1.0f) {
-                float *ai = s->acc + (size_t)i * hdv;
-                for (uint32_t d = 0; d < hdv; d++) ai[d] *= keep;
-            }
         }
-        sp_kv_rows_to_float(g->type_v, s->vp, (int32_t)nt, (int32_t)hdv, s->vt);
-        j->kern->accum(s->s, (int32_t)nq, s->vt, (int32_t)nt, (int32_t)hdv, s->acc, (int32_t)hdv);
+        if (!j->kern->accum_rows ||
+            !j->kern->accum_rows(g->type_v, s->s, (int32_t)nq, s->lw, s->keep, s->vp, (int32_t)nt, (int32_t)hdv,
+                                 s->acc, (int32_t)hdv)) {
+            sp_kv_rows_to_float(g->type_v, s->vp, (int32_t)nt, (int32_t)hdv, s->vt);
+            j->kern->accum(s->s, (int32_t)nq, s->lw, s->keep, s->vt, (int32_t)nt, (int32_t)hdv, s->acc, (int32_t)hdv);
+        }
     }
 out:
     if (j->n_split > 1) { /* a one-token decode's chunk: keep the partial state */

@@ -58,6 +58,18 @@ void sp_seq_free(struct sp_seq *s) {
     sp_free(s);
 }
 
+void sp_seq_kv_release(struct sp_seq *s) {
+    sp_kv_seq_free(s->kv, &s->cells); /* the cells are empty and hold no blocks after it */
+    s->next_pos = 0;
+    s->n_discarded = 0;
+    s->n_shifts = 0;
+}
+
+sp_status sp_seq_kv_regain(struct sp_seq *s) {
+    SP_ASSERT(sp_seq_kv_released(s));
+    return sp_kv_seq_init(s->kv, s->p.n_ctx, &s->cells);
+}
+
 void sp_seq_reset(struct sp_seq *s) {
     sp_kv_cells_truncate(&s->cells, 0);
     s->next_pos = 0;

@@ -68,6 +68,16 @@ void sp_seq_truncate(struct sp_seq *s, uint32_t n);
  * SP_E_IO if a weight (rope frequencies) cannot be read. */
 sp_status sp_seq_shift(struct sp_seq *s, uint32_t n);
 
+/* Swap: give the sequence's KV quota back to the cache (its blocks, their
+ * pages to the OS) and hold nothing, / take a fresh quota again (empty;
+ * SP_E_NOMEM when the storage cannot grow).  Released, it must be regained
+ * before anything else is done with it. */
+void sp_seq_kv_release(struct sp_seq *s);
+sp_status sp_seq_kv_regain(struct sp_seq *s);
+static inline bool sp_seq_kv_released(const struct sp_seq *s) {
+    return s->cells.blocks == NULL;
+}
+
 /* Tokens held / their ids / KV bytes they occupy as stored. */
 static inline uint32_t sp_seq_n(const struct sp_seq *s) {
     return s->cells.n;

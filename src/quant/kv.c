@@ -135,12 +135,14 @@ void sp_attn_scores_ref(const float *restrict q, int32_t q_ld, int32_t n_q, cons
     }
 }
 
-void sp_attn_accum_ref(const float *restrict p, int32_t n_q, const float *restrict v, int32_t n, int32_t hd,
-                       float *restrict o, int32_t o_ld) {
+void sp_attn_accum_ref(const float *restrict p, int32_t n_q, const float *restrict p_scale,
+                       const float *restrict keep, const float *restrict v, int32_t n, int32_t hd, float *restrict o,
+                       int32_t o_ld) {
     for (int32_t i = 0; i < n_q; i++) {
         float *oi = o + (size_t)i * o_ld;
+        for (int32_t c = 0; c < hd; c++) oi[c] *= keep[i];
         for (int32_t r = 0; r < n; r++) {
-            const float a = p[(size_t)i * n + r];
+            const float a = p[(size_t)i * n + r] * p_scale[i];
             const float *vr = v + (size_t)r * hd;
             for (int32_t c = 0; c < hd; c++) {
                 const float prod = a * vr[c];
@@ -183,7 +185,7 @@ void sp_attn_softmax_t_ref(float *restrict st, int32_t n, int32_t nqp, float *re
         }
         const float kept = l[i] * expf(m[i] - mx), lnew = kept + sum, inv = 1.0f / lnew;
         for (int32_t r = 0; r < n; r++) st[(size_t)r * nqp + i] *= inv;
-        keep[i] = kept * inv;
+        keep[i] = kept / lnew; /* exactly 1 when the tile adds nothing (all masked) */
         m[i] = mx;
         l[i] = lnew;
     }
@@ -201,7 +203,7 @@ void sp_attn_accum_t_ref(const float *restrict st, int32_t nqp, int32_t nq, cons
     }
 }
 
-static const struct sp_attn_kernels ref_kernels = {sp_attn_scores_ref,   sp_attn_accum_ref,   sp_attn_exp_ref,
+static const struct sp_attn_kernels ref_kernels = {NULL, NULL, sp_attn_scores_ref,   sp_attn_accum_ref,   sp_attn_exp_ref,
                                                    sp_attn_scores_t_ref, sp_attn_softmax_t_ref, sp_attn_accum_t_ref,
                                                    1};
 static struct sp_attn_kernels kernels;

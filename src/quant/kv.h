@@ -79,14 +79,17 @@ void sp_kv_unrotate(float *x);
 /* ---- F32 attention kernels ------------------------------------------------
  * scores:  s[i * n + r] = scale * dot(q[i * q_ld .. + hd), k[r * hd .. + hd))
  *          for i < n_q queries and r < n rows (n <= SP_KV_TILE)
- * accum:   o[i * o_ld + c] += sum over r < n of p[i * n + r] * v[r * hd + c]
- *          (row order r = 0, 1, ...: each o element adds its products in
- *          row order, one rounding per product and per sum, no FMA, so every
+ * accum:   o[i * o_ld + c] = o[i * o_ld + c] * keep[i] + sum over r < n of
+ *          (p[i * n + r] * p_scale[i]) * v[r * hd + c]: the online softmax's
+ *          rescale of the normalised accumulator and its new weights, in one
+ *          pass (first the rescale, then the products in row order r = 0, 1,
+ *          ...: one rounding per product and per sum, no FMA, so every
  *          variant gives the reference's bits)
  * Any hd >= 1; n_q >= 1. */
 typedef void (*sp_attn_scores_fn)(const float *restrict q, int32_t q_ld, int32_t n_q, const float *restrict k,
                                   int32_t n, int32_t hd, float scale, float *restrict s);
-typedef void (*sp_attn_accum_fn)(const float *restrict p, int32_t n_q, const float *restrict v, int32_t n, int32_t hd,
+typedef void (*sp_attn_accum_fn)(const float *restrict p, int32_t n_q, const float *restrict p_scale,
+                                 const float *restrict keep, const float *restrict v, int32_t n, int32_t hd,
                                  float *restrict o, int32_t o_ld);
 /* x[r] = exp(x[r] - m) for r < n (the softmax's numerators, m the running
  * max).  The reference uses expf; the SIMD variants a polynomial within a
@@ -100,7 +103,8 @@ typedef void (*sp_attn_exp_fn)(float *x, int32_t n, float m);
  *  scores_t:  st[r*nqp + i] = scale * sum_c k[r*hd + c] * qt[c*nqp + i]
  *  softmax_t: per query column i < nqp, with the running max m[i] and sum
  *             l[i]: mx = max(m, max_r st), p = exp(st - mx), l' = l e^(m-mx) +
- *             sum_r p; then st = p / l', keep[i] = l e^(m-mx) / l' (the factor
+ *             sum_r p; then st = p / l', keep[i] = l e^(m-mx) / l' (a division:
+ *             exactly 1 when the tile adds nothing to the column; the factor
  *             the normalised accumulator is scaled by), m = mx, l = l'.  A
  *             column whose scores are all -inf (masked) keeps m, l, gets
  *             st = 0 and keep = 1.
@@ -115,7 +119,23 @@ typedef void (*sp_attn_softmax_t_fn)(float *restrict st, int32_t n, int32_t nqp,
 typedef void (*sp_attn_accum_t_fn)(const float *restrict st, int32_t nqp, int32_t nq, const float *restrict keep,
                                    const float *restrict v, int32_t n, int32_t hd, float *restrict o, int32_t o_ld);
 
+/* The narrow path straight from the cache's rows (no F32 tile): rows[r] is
+ * row r as stored in type t.  scores_rows = scores over those rows
+ * converted; accum_rows = accum over them, the same bits as accum on the
+ * converted rows (conversion is exact, the sums run in the same order).
+ * They return false for a type they do not take (the caller converts the
+ * tile and uses scores / accum); NULL in a table that has none. */
+typedef bool (*sp_attn_scores_rows_fn)(enum sp_kv_type t, const float *restrict q, int32_t q_ld, int32_t n_q,
+                                       const void *const *rows, int32_t n, int32_t hd, float scale,
+                                       float *restrict s);
+typedef bool (*sp_attn_accum_rows_fn)(enum sp_kv_type t, const float *restrict p, int32_t n_q,
+                                      const float *restrict p_scale, const float *restrict keep,
+                                      const void *const *rows, int32_t n, int32_t hd, float *restrict o,
+                                      int32_t o_ld);
+
 struct sp_attn_kernels {
+    sp_attn_scores_rows_fn scores_rows;
+    sp_attn_accum_rows_fn accum_rows;
     sp_attn_scores_fn scores;
     sp_attn_accum_fn accum;
     sp_attn_exp_fn exp;
@@ -132,8 +152,9 @@ const struct sp_attn_kernels *sp_attn_kernels_ref(void);
 
 void sp_attn_scores_ref(const float *restrict q, int32_t q_ld, int32_t n_q, const float *restrict k, int32_t n,
                         int32_t hd, float scale, float *restrict s);
-void sp_attn_accum_ref(const float *restrict p, int32_t n_q, const float *restrict v, int32_t n, int32_t hd,
-                       float *restrict o, int32_t o_ld);
+void sp_attn_accum_ref(const float *restrict p, int32_t n_q, const float *restrict p_scale,
+                       const float *restrict keep, const float *restrict v, int32_t n, int32_t hd, float *restrict o,
+                       int32_t o_ld);
 void sp_attn_exp_ref(float *x, int32_t n, float m);
 void sp_attn_scores_t_ref(const float *restrict qt, int32_t nqp, const float *restrict k, int32_t n, int32_t hd,
                           float scale, float *restrict st);

@@ -53,6 +53,25 @@ static inline simde__m512i sp_emu_mm512_cvtepu16_epi32(simde__m256i h) {
 }
 #define _mm512_cvtepu16_epi32 sp_emu_mm512_cvtepu16_epi32
 
+static inline simde__m512i sp_emu_mm512_cvtepi8_epi32(simde__m128i b) {
+    int8_t t[16];
+    int32_t u[16];
+    simde_mm_storeu_si128(t, b);
+    for (int i = 0; i < 16; i++) u[i] = t[i];
+    return simde_mm512_loadu_si512(u);
+}
+#define _mm512_cvtepi8_epi32 sp_emu_mm512_cvtepi8_epi32
+
+static inline simde__m512 sp_emu_mm512_cvtepi32_ps(simde__m512i v) {
+    int32_t u[16];
+    float f[16];
+    simde_mm512_storeu_si512(u, v);
+    for (int i = 0; i < 16; i++) f[i] = (float)u[i];
+    return simde_mm512_loadu_ps(f);
+}
+#define _mm512_cvtepi32_ps sp_emu_mm512_cvtepi32_ps
+
+
 static inline simde__m512i sp_emu_mm512_cvtps_epi32(simde__m512 v) {
     float f[16];
     int32_t u[16];

@@ -326,13 +326,20 @@ static void kv_scores_neon(const float *restrict q, int32_t q_ld, int32_t n_q, c
     }
 }
 
-static void kv_accum_neon(const float *restrict p, int32_t n_q, const float *restrict v, int32_t n, int32_t hd,
+static void kv_accum_neon(const float *restrict p0, int32_t n_q, const float *restrict p_scale,
+                          const float *restrict keep, const float *restrict v, int32_t n, int32_t hd,
                           float *restrict o, int32_t o_ld) {
     enum { QB = 8 };
     const int32_t hv = hd - hd % 4;
+    float p[QB * SP_KV_TILE]; /* p * p_scale, the weights the reference multiplies by */
     for (int32_t i0 = 0; i0 < n_q; i0 += QB) {
         const int32_t nq = n_q - i0 < QB ? n_q - i0 : QB;
-        const float *pb = p + (size_t)i0 * n;
+        for (int32_t i = 0; i < nq; i++) {
+            float *oi = o + (size_t)(i0 + i) * o_ld;
+            for (int32_t c = 0; c < hd; c++) oi[c] *= keep[i0 + i];
+            for (int32_t r = 0; r < n; r++) p[(size_t)i * n + r] = p0[(size_t)(i0 + i) * n + r] * p_scale[i0 + i];
+        }
+        const float *pb = p;
         float *ob = o + (size_t)i0 * o_ld;
         for (int32_t c = 0; c < hv; c += 4) {
             float32x4_t acc[QB];
@@ -436,7 +443,7 @@ static void kv_softmax_t_neon(float *restrict st, int32_t n, int32_t nqp, float 
         const float32x4_t lnew = vaddq_f32(kept, sum);
         const float32x4_t inv = vbslq_f32(dead, zero, vdivq_f32(one, lnew));
         for (int32_t r = 0; r < n; r++) vst1q_f32(st + (size_t)r * nqp + i, vmulq_f32(vld1q_f32(st + (size_t)r * nqp + i), inv));
-        vst1q_f32(keep + i, vbslq_f32(dead, one, vmulq_f32(kept, inv)));
+        vst1q_f32(keep + i, vbslq_f32(dead, one, vdivq_f32(kept, lnew)));
         vst1q_f32(m + i, vbslq_f32(dead, m0, mx));
         vst1q_f32(l + i, vbslq_f32(dead, l0, lnew));
     }

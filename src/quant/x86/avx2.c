@@ -26,6 +26,8 @@ void sp_quant_register_native_avx2(struct sp_qtraits *ntable, const struct sp_cp
 
 void sp_attn_register_avx2(struct sp_attn_kernels *k, const struct sp_cpu_features *f) {
     if (!f->avx2 || !f->fma) return;
+    k->scores_rows = kv_scores_rows_avx2;
+    k->accum_rows = kv_accum_rows_avx2;
     k->scores = kv_scores_avx2;
     k->accum = kv_accum_avx2;
     k->exp = kv_exp_avx2;

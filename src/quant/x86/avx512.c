@@ -29,6 +29,8 @@ void sp_quant_register_native_avx512(struct sp_qtraits *ntable, const struct sp_
 
 void sp_attn_register_avx512(struct sp_attn_kernels *k, const struct sp_cpu_features *f) {
     if (!f->avx512f) return;
+    k->scores_rows = kv_scores_rows_avx512;
+    k->accum_rows = kv_accum_rows_avx512;
     k->scores = kv_scores_avx512;
     k->accum = kv_accum_avx512;
     k->exp = kv_exp_avx512;
