@@ -408,6 +408,19 @@ static void prefetch_tile(const struct attn_job *j, uint32_t kh, uint32_t x, uin
     }
 }
 
+/* The row pointers of tile [x, min(x + SP_KV_TILE, ce)) of KV head kh in
+ * s->kp / s->vp, the next tile's rows asked for; returns the tile's rows. */
+static uint32_t tile_rows(const struct attn_job *j, struct attn_scratch *s, uint32_t kh, uint32_t x, uint32_t ce) {
+    const uint32_t nt = SP_MIN(SP_KV_TILE, ce - x);
+    if (x + SP_KV_TILE < ce) prefetch_tile(j, kh, x + SP_KV_TILE, SP_MIN(SP_KV_TILE, ce - x - SP_KV_TILE));
+    for (uint32_t r = 0; r < nt; r++) {
+        const uint32_t slot = j->c->slot[x + r];
+        s->kp[r] = k_row(j->kv, slot, j->il, kh);
+        s->vp[r] = v_row(j->kv, slot, j->il, kh);
+    }
+    return nt;
+}
+
 /* The wide path of run_item for nq query rows (t0's first, G per token)
  * over cells [cb, ce): the queries are transposed once, and each tile's
  * scores, softmax and weighted sum run with the queries across the vector
@@ -434,13 +447,7 @@ static void run_wide(const struct attn_job *j, struct attn_scratch *s, uint32_t 
     memset(s->acc, 0, (size_t)nq * hdv * sizeof(float));
     if (cb < ce) prefetch_tile(j, kh, cb, SP_MIN(SP_KV_TILE, ce - cb));
     for (uint32_t x = cb; x < ce; x += SP_KV_TILE) {
-        const uint32_t nt = SP_MIN(SP_KV_TILE, ce - x);
-        if (x + SP_KV_TILE < ce) prefetch_tile(j, kh, x + SP_KV_TILE, SP_MIN(SP_KV_TILE, ce - x - SP_KV_TILE));
-        for (uint32_t r = 0; r < nt; r++) {
-            const uint32_t slot = j->c->slot[x + r];
-            s->kp[r] = k_row(j->kv, slot, j->il, kh);
-            s->vp[r] = v_row(j->kv, slot, j->il, kh);
-        }
+        const uint32_t nt = tile_rows(j, s, kh, x, ce);
         sp_kv_rows_to_float(g->type_k, s->kp, (int32_t)nt, (int32_t)hdk, s->kt);
         j->kern->scores_t(s->qt, (int32_t)nqp, s->kt, (int32_t)nt, (int32_t)hdk, j->scale, s->st);
         /* cell x + r is visible to token t when x + r < n_vis0 + t: the
@@ -484,13 +491,7 @@ static void run_item(const struct attn_job *j, struct attn_scratch *s, uint32_t 
     memset(s->acc, 0, (size_t)nq * hdv * sizeof(float));
     if (cb < ce) prefetch_tile(j, kh, cb, SP_MIN(SP_KV_TILE, ce - cb));
     for (uint32_t x = cb; x < ce; x += SP_KV_TILE) {
-        const uint32_t nt = SP_MIN(SP_KV_TILE, ce - x);
-        if (x + SP_KV_TILE < ce) prefetch_tile(j, kh, x + SP_KV_TILE, SP_MIN(SP_KV_TILE, ce - x - SP_KV_TILE));
-        for (uint32_t r = 0; r < nt; r++) {
-            const uint32_t slot = j->c->slot[x + r];
-            s->kp[r] = k_row(j->kv, slot, j->il, kh);
-            s->vp[r] = v_row(j->kv, slot, j->il, kh);
-        }
+        const uint32_t nt = tile_rows(j, s, kh, x, ce);
         if (!j->kern->scores_rows || !j->kern->scores_rows(g->type_k, s->qp, (int32_t)hdk, (int32_t)nq, s->kp,
                                                            (int32_t)nt, (int32_t)hdk, j->scale, s->s)) {
             sp_kv_rows_to_float(g->type_k, s->kp, (int32_t)nt, (int32_t)hdk, s->kt);
