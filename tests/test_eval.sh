@@ -140,4 +140,25 @@ t_json "eval --gen --seed 99" 'j["seed"] == 99'
 if ! cmp -s "$tmp/out" "$tmp/gen1.json"; then ok "eval --gen: another seed, another text"; else
     bad "eval --gen: --seed changed nothing"; fi
 
+# ---- KV cache types: q4h against q4_0 in the same run --------------------------------------
+# On the tiny-qwen F32 files (32-wide heads) and the first 6000 bytes of the
+# excerpt, each model against itself with an F32 cache: q4h's KL must stay
+# well under q4_0's at the same 4.5 bits.  Its value-bias rewrite (qwen2) and
+# key balance (qwen3's q/k norms) are exact only if done right (a wrong RoPE
+# pairing or a lost bias shows up as a larger KL).  Ratios measured: qwen2
+# 0.61, qwen3 0.49 (before the rewrites 0.66 and 0.52).
+head -c 6000 "$text" >"$tmp/kv.txt"
+for qm in qwen2:0.64 qwen3:0.51; do
+    model=${qm%%:*} ratio=${qm#*:}
+    if need "models/tiny-qwen/tiny-$model-f32.gguf"; then
+        for ct in q4_0 q4h; do
+            sp eval -m "$fx" --ref "$fx" -ctk $ct -ctv $ct --text "$tmp/kv.txt" -c 128 --json -t 1
+            t_rc "eval tiny-$model -ctk $ct -ctv $ct" 0
+            cp "$tmp/out" "$tmp/kv-$ct.json"
+        done
+        t_json "eval tiny-$model q4h vs q4_0" 'j["kv_bits_per_value"] == 4.5' \
+            "j['kl_mean'] <= $ratio * json.load(open('$tmp/kv-q4_0.json'))['kl_mean']"
+    fi
+done
+
 harness_report eval

@@ -56,8 +56,9 @@ sp_status sp_session_file_parse(struct sp_file *f, sp_session_row_bytes_fn row_b
     if (rc) return rc;
     if (memcmp(b, SP_SESSION_MAGIC, 8) != 0) return BAD("%s: not a Sparrow session file (bad magic)", path);
     const uint32_t version = rd32(b + 8), hbytes = rd32(b + 12);
-    if (version != SP_SESSION_VERSION)
-        return BAD("%s: session file version %u; this Sparrow reads version %u", path, version, SP_SESSION_VERSION);
+    if (version < SP_SESSION_VERSION_MIN || version > SP_SESSION_VERSION)
+        return BAD("%s: session file version %u; this Sparrow reads versions %u to %u", path, version,
+                   SP_SESSION_VERSION_MIN, SP_SESSION_VERSION);
     if (hbytes != SP_SESSION_HEADER_BYTES)
         return BAD("%s: session header of %u bytes, expected %u", path, hbytes, SP_SESSION_HEADER_BYTES);
     memcpy(out->fingerprint, b + 16, SP_SHA256_BYTES);
@@ -72,6 +73,10 @@ sp_status sp_session_file_parse(struct sp_file *f, sp_session_row_bytes_fn row_b
     out->next_pos = (int32_t)rd32(b + 80);
     out->n_discarded = rd64(b + 84);
     out->n_shifts = rd32(b + 92);
+    if (version < 2 && (out->type_k == SP_SESSION_TYPE_Q4H || out->type_v == SP_SESSION_TYPE_Q4H))
+        return BAD("%s: session file version %u holds q4h rows in their old form (values with their bias, keys not "
+                   "balanced per channel); this Sparrow stores q4h as version %u: save the session again",
+                   path, version, SP_SESSION_VERSION);
     for (int i = 0; i < 4; i++) out->rng[i] = rd64(b + 96 + 8 * i);
     if (out->n_layers == 0 || out->n_layers > 4096 || out->n_kv_heads == 0 || out->n_kv_heads > 4096)
         return BAD("%s: session geometry out of range (%u layers, %u KV heads)", path, out->n_layers,

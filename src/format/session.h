@@ -6,7 +6,7 @@
  *
  *   offset  size  field
  *   0       8     magic "SPSESS\0\1"
- *   8       4     version (1)
+ *   8       4     version (2; 1 is still read unless it holds q4h rows)
  *   12      4     header bytes (the fixed part: 128)
  *   16      32    model fingerprint (SHA-256 of what identifies the model)
  *   48      4     n_ctx the session was made with
@@ -31,7 +31,12 @@
 #include "core/hash.h"
 
 #define SP_SESSION_MAGIC "SPSESS\0\1"
-#define SP_SESSION_VERSION 1u
+#define SP_SESSION_VERSION 2u
+/* Version 1 files are read too, except with a q4h key or value type: their
+ * q4h rows predate the value-bias and key-balance rewrites (docs/MEMORY.md,
+ * "KV cache types") and would decode as different keys and values. */
+#define SP_SESSION_VERSION_MIN 1u
+#define SP_SESSION_TYPE_Q4H 4u /* enum sp_kv_type's SP_KV_Q4H */
 #define SP_SESSION_HEADER_BYTES 128u
 
 struct sp_session_file {

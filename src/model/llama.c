@@ -249,6 +249,81 @@ static void add_rows(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
+
+/* ---- rotated cache types: two exact rewrites of attention -----------------
+ * With a rotated cache type (q4h, quant/kv.h) attention is rewritten in two
+ * ways that leave its result unchanged in exact arithmetic but give the
+ * 4-bit code less to carry (docs/MEMORY.md, "KV cache types"):
+ *  - values without their bias (qwen2's attn_v.bias): the softmax weights
+ *    of a query sum to one, so sum_t p_t (v_t + b) = sum_t p_t v_t + b; the
+ *    cache stores W_v x and b is added to the attention output.
+ *  - keys balanced against queries per channel (qwen3's per-head q_norm and
+ *    k_norm): k_c * d_c and q_c / d_c leave q . k unchanged.  After those
+ *    norms a channel's energy is about w_c^2 (the norm weight squared), and
+ *    d_c = (Q_c / K_c)^(1/4) minimises E|q'|^2 E|k'|^2, which the error of
+ *    a rotated block, spread evenly over its channels, is proportional to.
+ *    Q and K are summed over each RoPE pair, so d is equal within a pair and
+ *    commutes with RoPE (and with a context shift's re-rotation of the
+ *    stored keys). */
+
+/* The RoPE partner of channel c: neox pairs c with c +- rope_dims / 2, the
+ * original layout 2i with 2i + 1; channels past rope_dims are their own. */
+static uint32_t rope_partner(uint32_t c, uint32_t rope_dims, bool neox) {
+    if (c >= rope_dims) return c;
+    if (neox) return c < rope_dims / 2 ? c + rope_dims / 2 : c - rope_dims / 2;
+    return c ^ 1u;
+}
+
+/* d (hd floats) from the layer's q_norm and k_norm weights. */
+static sp_status qk_balance(struct sp_model *m, const struct sp_layer_weights *L, float *d) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    const uint32_t hd = hp->head_dim_k, rd = SP_MIN(hp->rope_dims, hd);
+    const void *wq, *wk;
+    sp_status rc = sp_pager_pin(m->pager, L->q_norm, &wq);
+    if (rc) return rc;
+    if ((rc = sp_pager_pin(m->pager, L->k_norm, &wk))) {
+        sp_pager_unpin(m->pager, L->q_norm, wq);
+        return rc;
+    }
+    for (uint32_t c = 0; c < hd; c++) {
+        const uint32_t p = rope_partner(c, rd, hp->rope_neox);
+        float q2 = 0.0f, k2 = 0.0f;
+        for (int s = 0; s < (p == c ? 1 : 2); s++) {
+            const float a = sp_vec_get(wq, L->q_norm->type, s ? p : c), b = sp_vec_get(wk, L->k_norm->type, s ? p : c);
+            q2 += a * a;
+            k2 += b * b;
+        }
+        const float dc = q2 > 0.0f && k2 > 0.0f ? sqrtf(sqrtf(q2 / k2)) : 1.0f;
+        d[c] = isfinite(dc) ? SP_MAX(1.0f / 64, SP_MIN(64.0f, dc)) : 1.0f;
+    }
+    sp_pager_unpin(m->pager, L->q_norm, wq);
+    sp_pager_unpin(m->pager, L->k_norm, wk);
+    return SP_OK;
+}
+
+/* Each of n rows of hd: x[c] *= d[c] (div: x[c] /= d[c]). */
+static void scale_channels(float *x, uint32_t n, uint32_t hd, const float *d, bool div) {
+    for (uint32_t r = 0; r < n; r++, x += hd) {
+        for (uint32_t c = 0; c < hd; c++) x[c] = div ? x[c] / d[c] : x[c] * d[c];
+    }
+}
+
+/* The value bias added to the attention output: n_tok rows of n_heads heads
+ * of hdv, head h reading KV head h / G's part of b. */
+static sp_status add_value_bias(struct sp_model *m, const struct sp_tensor_desc *t, float *o, uint32_t n_tok) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    const uint32_t G = hp->n_heads / hp->n_kv_heads, hdv = hp->head_dim_v;
+    const void *w;
+    sp_status rc = sp_pager_pin(m->pager, t, &w);
+    if (rc) return rc;
+    for (uint32_t r = 0; r < n_tok * hp->n_heads; r++) {
+        const uint32_t kh = r % hp->n_heads / G;
+        for (uint32_t c = 0; c < hdv; c++) o[(size_t)r * hdv + c] += sp_vec_get(w, t->type, (int64_t)kh * hdv + c);
+    }
+    sp_pager_unpin(m->pager, t, w);
+    return SP_OK;
+}
+
 /* ---- the forward pass --------------------------------------------------- */
 
 sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const struct sp_kv_cells *c,
@@ -261,6 +336,8 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
     sp_status rc = SP_OK;
     SP_ASSERT(n_tok >= 1 && n_tok <= f->n_batch && c0 + n_tok <= c->n);
     const int32_t *pos = c->pos + c0;
+    const bool rot_k = sp_kv_type_get(kv->g.type_k)->rotated, rot_v = sp_kv_type_get(kv->g.type_v)->rotated;
+    float kd[SP_KV_MAX_HEAD_DIM]; /* rot_k: the layer's key channel balance */
 
     const float *freq_factors = NULL;
     if (m->rope_freqs) {
@@ -288,9 +365,14 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         }
         TRY(add_bias(m, L->bq, f->q, n_tok));
         TRY(add_bias(m, L->bk, f->k, n_tok));
-        TRY(add_bias(m, L->bv, f->v, n_tok));
+        TRY(add_bias(m, rot_v ? NULL : L->bv, f->v, n_tok)); /* rot_v: added to the output instead */
         TRY(head_norm(m, L->q_norm, f->q, hp->n_heads * n_tok, hdk));
         TRY(head_norm(m, L->k_norm, f->k, hp->n_kv_heads * n_tok, hdk));
+        if (rot_k && L->q_norm && L->k_norm && hdk <= SP_KV_MAX_HEAD_DIM) {
+            TRY(qk_balance(m, L, kd));
+            scale_channels(f->q, hp->n_heads * n_tok, hdk, kd, true);
+            scale_channels(f->k, hp->n_kv_heads * n_tok, hdk, kd, false);
+        }
         for (uint32_t t = 0; t < n_tok; t++) {
             sp_rope(f->q + (size_t)t * QD, hp->n_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
                     hp->rope_freq_scale, hp->rope_neox, freq_factors);
@@ -299,6 +381,7 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         }
         sp_kv_store(kv, c, c0, n_tok, il, f->k, f->v, f->pool);
         sp_kv_attend(kv, c, il, f->q, n_tok, c0 + 1, scale, f->attn, f->pool, f->att);
+        if (rot_v && L->bv) TRY(add_value_bias(m, L->bv, f->attn, n_tok));
         TRY(sp_fwd_matmul(m, f, L->wo, f->attn, OD, n_tok, f->xb2, E));
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
         /* feed-forward: SwiGLU, or the experts */

@@ -13,7 +13,11 @@
  * block, which is what uniform per-token blocks quantize worst; because it
  * is orthonormal, q . k is the same in the rotated basis, so attention
  * rotates the query once instead of un-rotating every key, and accumulates
- * rotated values, rotating the output back once (docs/MEMORY.md).
+ * rotated values, rotating the output back once (docs/MEMORY.md).  The
+ * forward pass (model/llama.c) also rewrites attention for q4h in two exact
+ * ways: a value bias is added to the output instead of to each stored
+ * value, and keys are balanced against queries per channel from qwen3's
+ * q/k norm weights (docs/MEMORY.md, "KV cache types").
  *
  * Attention (src/kv/cache.c) works on tiles of up to SP_KV_TILE rows: a
  * tile's rows are converted to F32 in the type's domain (rotated for q4h)
