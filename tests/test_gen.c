@@ -3,7 +3,9 @@
  * assembler (characters split across pieces at every byte, invalid bytes as
  * U+FFFD per maximal subpart, flush) and the stop-string matcher (held-back
  * prefixes, the earliest match, every split of a text into pieces giving the
- * same result as the whole).  Needs no fixtures.
+ * same result as the whole); then sp_generate on stories260K against a loop
+ * written by hand over sp_decode / sp_sample: the same ids, every stop
+ * condition, what the session holds after each, the streamed text.
  */
 #include "core/core.h"
 #include "gen/stream.h"
@@ -216,11 +218,221 @@ static void test_stop_random(void) {
     sp_stop_free(&m);
 }
 
+/* ---- sp_generate -------------------------------------------------------- */
+
+#define STORIES "models/stories260K/stories260K-f32.gguf"
+#define QWEN3 "models/tiny-qwen/tiny-qwen3-f32.gguf"
+
+struct got {
+    int32_t ids[600];
+    int32_t n_ids, n_calls, stop_after; /* stop_after: return false after this many tokens (0 = never) */
+    char text[8192];
+    size_t n_text;
+    bool saw_tail;
+};
+
+static bool collect(const char *text, size_t len, int32_t tok, void *user) {
+    struct got *g = user;
+    g->n_calls++;
+    if (tok < 0) {
+        g->saw_tail = true;
+    } else if (g->n_ids < 600) {
+        g->ids[g->n_ids++] = tok;
+    }
+    if (g->n_text + len < sizeof g->text) {
+        memcpy(g->text + g->n_text, text, len);
+        g->n_text += len;
+    }
+    return !(g->stop_after && g->n_ids >= g->stop_after);
+}
+
+static struct sp_session *new_session(struct sp_model *m, int32_t n_ctx, float temp, uint64_t seed) {
+    struct sp_session_params sp = sp_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.n_threads = 1;
+    sp.seed = seed;
+    sp.sampling.temp = temp;
+    sp.sampling.top_k = 0;
+    sp.sampling.top_p = 1.0f;
+    sp.sampling.min_p = 0.0f;
+    struct sp_session *s = NULL;
+    CHECKF(sp_session_init(m, &sp, &s) == SP_OK, "session: %s", sp_last_error());
+    return s;
+}
+
+/* The ids a hand-written loop generates: up to max tokens, stopping before
+ * an EOG token (*eog = true) or when the context is full. */
+static int32_t hand_loop(struct sp_model *m, struct sp_session *s, const int32_t *prompt, int32_t n, int32_t max,
+                         int32_t *ids, bool *eog) {
+    *eog = false;
+    sp_session_reset(s);
+    if (sp_decode(s, prompt, n) != SP_OK) return -1;
+    int32_t k = 0;
+    while (k < max) {
+        int32_t t;
+        if (sp_sample(s, &t) != SP_OK) return -1;
+        if (sp_token_is_eog(m, t)) {
+            *eog = true;
+            break;
+        }
+        ids[k++] = t;
+        if (sp_decode(s, &t, 1) != SP_OK) break;
+    }
+    return k;
+}
+
+static void test_generate(void) {
+    const char *path = need_fixture(STORIES);
+    if (!path) return;
+    struct sp_model *m = NULL;
+    if (sp_model_load(path, NULL, &m) != SP_OK) {
+        CHECKF(0, "load %s: %s", path, sp_last_error());
+        return;
+    }
+    int32_t prompt[16], n_prompt = 0;
+    CHECK(sp_tokenize(m, "Once upon a time", 16, SP_TOKENIZE_ADD_BOS, prompt, 16, &n_prompt) == SP_OK);
+    struct sp_session *s = new_session(m, 128, 0.0f, 1);
+    int32_t want[600];
+    bool eog;
+    struct got g;
+    struct sp_generate_result r;
+    struct sp_generate_params gp = sp_generate_default_params();
+
+    /* a limit: the hand loop's ids, all fed back; the text is the pieces' */
+    int32_t n_want = hand_loop(m, s, prompt, n_prompt, 20, want, &eog);
+    CHECK(n_want == 20 && !eog);
+    sp_session_reset(s);
+    memset(&g, 0, sizeof g);
+    gp.n_predict = 20;
+    CHECK(sp_generate(s, prompt, n_prompt, &gp, collect, &g, &r) == SP_OK);
+    CHECKF(r.stop == SP_STOP_LIMIT && r.n_prompt == n_prompt && r.n_generated == 20 && r.n_decoded == 20,
+           "stop %s, %d/%d/%d", sp_stop_reason_name(r.stop), (int)r.n_prompt, (int)r.n_generated, (int)r.n_decoded);
+    CHECK(g.n_ids == 20 && memcmp(g.ids, want, sizeof(int32_t) * 20) == 0);
+    CHECK(sp_session_n_past(s) == n_prompt + 20 && memcmp(sp_session_tokens(s) + n_prompt, want, 20 * 4) == 0);
+    CHECK(r.ttft_s > 0 && r.t_prompt_s > 0 && r.t_total_s >= r.ttft_s && r.decode_tps > 0);
+    char pieces[4096];
+    size_t np = 0;
+    for (int32_t i = 0; i < 20; i++) {
+        size_t k = 0;
+        CHECK(sp_token_to_piece(m, want[i], pieces + np, sizeof pieces - np, &k) == SP_OK);
+        np += k;
+    }
+    CHECKF(g.n_text == np && memcmp(g.text, pieces, np) == 0, "text '%.*s'", (int)g.n_text, g.text);
+    CHECK(sp_utf8_valid(g.text, g.n_text));
+
+    /* going on from the session's logits (n = 0): the hand loop's next ids */
+    int32_t more[600];
+    int32_t n_more = hand_loop(m, s, prompt, n_prompt, 30, more, &eog);
+    CHECK(n_more == 30);
+    sp_session_reset(s);
+    gp.n_predict = 20;
+    CHECK(sp_generate(s, prompt, n_prompt, &gp, NULL, NULL, &r) == SP_OK);
+    memset(&g, 0, sizeof g);
+    gp.n_predict = 10;
+    CHECK(sp_generate(s, NULL, 0, &gp, collect, &g, &r) == SP_OK && r.n_prompt == 0 && g.n_ids == 10);
+    CHECK(memcmp(g.ids, more + 20, 10 * 4) == 0);
+
+    /* decode_last off: the last token is delivered, not fed */
+    sp_session_reset(s);
+    gp.n_predict = 5;
+    gp.decode_last = false;
+    CHECK(sp_generate(s, prompt, n_prompt, &gp, NULL, NULL, &r) == SP_OK);
+    CHECK(r.n_generated == 5 && r.n_decoded == 4 && sp_session_n_past(s) == n_prompt + 4);
+    gp.decode_last = true;
+
+    /* the prompt only */
+    sp_session_reset(s);
+    gp.n_predict = 0;
+    CHECK(sp_generate(s, prompt, n_prompt, &gp, collect, &g, &r) == SP_OK && r.n_generated == 0 &&
+          sp_session_n_past(s) == n_prompt && r.ttft_s == 0);
+
+    /* a stop string: a word from inside the answer; the text before it, not it */
+    const char *t20 = pieces + 12; /* some way into the text */
+    char stop_s[8];
+    memcpy(stop_s, t20, 4);
+    stop_s[4] = '\0';
+    const char *stops[] = {"zzzz-never", stop_s};
+    const char *first = strstr(pieces, stop_s);
+    sp_session_reset(s);
+    memset(&g, 0, sizeof g);
+    gp.n_predict = 20;
+    gp.stops = stops;
+    gp.n_stops = 2;
+    CHECK(sp_generate(s, prompt, n_prompt, &gp, collect, &g, &r) == SP_OK);
+    CHECKF(r.stop == SP_STOP_STRING && r.stop_index == 1 && g.n_text == (size_t)(first - pieces) &&
+               memcmp(g.text, pieces, g.n_text) == 0,
+           "stop %s at '%s': '%.*s'", sp_stop_reason_name(r.stop), stop_s, (int)g.n_text, g.text);
+    CHECK(r.n_generated < 20 && sp_session_n_past(s) == n_prompt + r.n_decoded && r.n_decoded == r.n_generated);
+    const char *bad_stops[] = {""};
+    gp.stops = bad_stops;
+    gp.n_stops = 1;
+    CHECK(sp_generate(s, NULL, 0, &gp, NULL, NULL, &r) == SP_E_INVALID);
+    gp.stops = NULL;
+    gp.n_stops = 0;
+
+    /* the callback stops it */
+    sp_session_reset(s);
+    memset(&g, 0, sizeof g);
+    g.stop_after = 3;
+    gp.n_predict = -1;
+    CHECK(sp_generate(s, prompt, n_prompt, &gp, collect, &g, &r) == SP_OK);
+    CHECK(r.stop == SP_STOP_CALLBACK && r.n_generated == 3 && r.n_decoded == 3 && g.n_ids == 3);
+
+    /* a full context: the last token delivered, not held */
+    sp_session_free(s);
+    s = new_session(m, 16, 0.0f, 1);
+    memset(&g, 0, sizeof g);
+    CHECK(sp_generate(s, prompt, n_prompt, &gp, collect, &g, &r) == SP_OK);
+    CHECKF(r.stop == SP_STOP_CONTEXT && r.n_generated == 16 - n_prompt + 1 && r.n_decoded == 16 - n_prompt &&
+               sp_session_n_past(s) == 16,
+           "stop %s, %d generated", sp_stop_reason_name(r.stop), (int)r.n_generated);
+    int32_t longp[20] = {0};
+    for (int i = 0; i < 20; i++) longp[i] = prompt[i % n_prompt];
+    sp_session_reset(s);
+    CHECK(sp_generate(s, longp, 20, &gp, NULL, NULL, &r) == SP_E_CONTEXT_FULL && sp_session_n_past(s) == 0);
+    CHECK(sp_generate(s, NULL, 0, &gp, NULL, NULL, &r) == SP_E_STATE);
+    CHECK(sp_generate(NULL, prompt, 1, &gp, NULL, NULL, &r) == SP_E_INVALID);
+    sp_session_free(s);
+
+    /* an end-of-generation token: stories260K ends its stories with BOS, not
+     * EOS, so tiny-qwen3 (random weights: EOS now and then) at a seed whose
+     * sampled answer ends early */
+    sp_model_free(m);
+    m = NULL;
+    path = need_fixture(QWEN3);
+    if (!path || sp_model_load(path, NULL, &m) != SP_OK) {
+        CHECKF(0, "load %s: %s", path ? path : QWEN3, sp_last_error());
+        return;
+    }
+    bool found = false;
+    for (uint64_t seed = 1; seed <= 64 && !found; seed++) {
+        s = new_session(m, 128, 1.0f, seed);
+        n_want = hand_loop(m, s, prompt, n_prompt, 120, want, &eog);
+        if (eog) {
+            found = true;
+            sp_session_reset(s);
+            memset(&g, 0, sizeof g);
+            CHECK(sp_generate(s, prompt, n_prompt, &gp, collect, &g, &r) == SP_OK);
+            CHECKF(r.stop == SP_STOP_EOG && r.n_generated == n_want && r.n_decoded == n_want &&
+                       g.n_ids == n_want && memcmp(g.ids, want, (size_t)n_want * 4) == 0,
+                   "seed %llu: stop %s after %d, want eog after %d", (unsigned long long)seed,
+                   sp_stop_reason_name(r.stop), (int)r.n_generated, (int)n_want);
+            CHECK(sp_session_n_past(s) == n_prompt + n_want); /* the EOG token is not fed */
+            for (int32_t i = 0; i < g.n_ids; i++) CHECK(!sp_token_is_eog(m, g.ids[i]));
+        }
+        sp_session_free(s);
+    }
+    CHECKF(found, "no seed in 1..64 samples EOS within 120 tokens");
+    CHECK(strcmp(sp_stop_reason_name(SP_STOP_EOG), "eog") == 0 && strcmp(sp_stop_reason_name(99), "?") == 0);
+    sp_model_free(m);
+}
+
 int main(void) {
     test_utf8_splits();
     test_utf8_invalid();
     test_utf8_random();
     test_stop_basic();
     test_stop_random();
+    test_generate();
     return test_report("test_gen");
 }
