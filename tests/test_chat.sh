@@ -212,4 +212,53 @@ d2=$(sed -n 2p "$tmp/out" | python3 -c 'import json,sys; print(json.loads(sys.st
 want=$(printf '\nThe cat' | "$SPARROW" tokenize -m "$stories" --no-bos --file - | wc -w)
 if [ "$d2" = "$want" ]; then ok "plain: turn 2 decodes its $want tokens"; else bad "plain: turn 2 decoded $d2, want $want"; fi
 
+# ---- a terminal (a pseudo-terminal): libedit, Ctrl-C, Ctrl-D ----------------------------
+# stories260K never ends a story with EOS, so with -n -1 and --context-shift the answer
+# runs until Ctrl-C stops it; the conversation goes on (/stats), Ctrl-C at the prompt
+# clears the line, Ctrl-D quits with 0.
+cat >"$tmp/terminal.py" <<'EOF'
+import os, pty, select, sys, time
+sparrow, model = sys.argv[1:3]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sparrow, [sparrow, "chat", "-m", model, "-n", "-1", "--context-shift", "--keep", "4", "-c", "128",
+                       "--seed", "3", "-t", "1"])
+out = b""
+def read_for(sec, until=None, since=0):
+    # read for sec seconds, or until `until` shows up after offset `since`
+    global out
+    end = time.time() + sec
+    while time.time() < end:
+        if until and until in out[since:]: return
+        r, _, _ = select.select([fd], [], [], 0.05)
+        if r:
+            try: d = os.read(fd, 65536)
+            except OSError: return
+            if not d: return
+            out += d
+read_for(20, b"> ")
+os.write(fd, b"Once upon a time\r")
+read_for(20, b"Lily")            # the answer streams
+read_for(0.5)
+os.write(fd, b"\x03")
+read_for(20, b"(interrupted)")
+read_for(20, b"> ", out.find(b"(interrupted)"))  # the next prompt
+os.write(fd, b"/stats\r")
+read_for(20, b"memory:")
+read_for(20, b"> ", out.find(b"memory:"))
+os.write(fd, b"half a line\x03")
+read_for(0.5)
+os.write(fd, b"\x04")
+read_for(20)
+_, st = os.waitpid(pid, 0)
+sys.stdout.buffer.write(out)
+sys.exit(os.WEXITSTATUS(st) if os.WIFEXITED(st) else 100 + os.WTERMSIG(st))
+EOF
+python3 "$tmp/terminal.py" "$SPARROW" "$stories" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+t_rc "terminal" 0
+t_out_has "terminal" "> Once upon a time" "(interrupted)" "(callback)" "positions used"
+if grep -q 'dropped by [1-9][0-9]* context shifts' "$tmp/out"; then ok "terminal: the answer ran past the context"; else
+    bad "terminal: no context shift before Ctrl-C" "$(show_out)"; fi
+
 harness_report

@@ -256,20 +256,11 @@ static int32_t cached_prefix(struct chat *c, const char *text, size_t n, double 
                                 &toks, &n_toks);
     if (rc != SP_OK) return lib_error("tokenizing the system prompt", rc), -1;
     const char *file = c->g.prompt_cache;
-    if (access(file, F_OK) == 0) {
-        if (sp_session_load(c->sess, file) != SP_OK) {
-            fprintf(stderr, "sparrow: chat: warning: prompt cache not used: %s\n", sp_last_error());
-            sp_session_reset(c->sess);
-        } else {
-            const int32_t held = sp_session_n_past(c->sess), *ht = sp_session_tokens(c->sess);
-            while (reuse < held && reuse < n_toks - 1 && ht[reuse] == toks[reuse]) reuse++;
-            sp_session_truncate(c->sess, reuse);
-            sp_session_set_seed(c->sess, c->g.sp.seed);
-            if (!c->json)
-                fprintf(stderr, "sparrow: prompt cache %s: %d of %d system prompt tokens reused\n", file, (int)reuse,
-                        (int)n_toks);
-        }
-    }
+    reuse = prompt_cache_reuse("chat", c->sess, file, toks, n_toks, c->g.sp.seed);
+    if (reuse >= 0 && !c->json)
+        fprintf(stderr, "sparrow: prompt cache %s: %d of %d system prompt tokens reused\n", file, (int)reuse,
+                (int)n_toks);
+    if (reuse < 0) reuse = 0;
     struct sp_generate_params gp = sp_generate_default_params();
     gp.n_predict = 0;
     struct sp_generate_result r;

@@ -202,20 +202,12 @@ int cmd_run(int argc, char **argv) {
 
     /* --prompt-cache: keep the longest prefix of the prompt the file holds
      * (at least the last prompt token is decoded again, for its logits) */
-    int32_t reuse = 0;
-    if (prompt_cache && access(prompt_cache, F_OK) == 0) {
-        rc = sp_session_load(sess, prompt_cache);
-        if (rc != SP_OK) {
-            fprintf(stderr, "sparrow: run: warning: prompt cache not used: %s\n", sp_last_error());
-        } else {
-            const int32_t held = sp_session_n_past(sess), *ht = sp_session_tokens(sess);
-            while (reuse < held && reuse < n_toks - 1 && ht[reuse] == toks[reuse]) reuse++;
-            sp_session_truncate(sess, reuse);
-            sp_session_set_seed(sess, sp.seed);
-            fprintf(stderr, "sparrow: prompt cache %s: %d of %d prompt tokens reused\n", prompt_cache, (int)reuse,
-                    (int)n_toks);
-        }
-    }
+    int32_t reuse = prompt_cache_reuse(a.cmd, sess, prompt_cache, toks, n_toks, sp.seed);
+    if (reuse >= 0)
+        fprintf(stderr, "sparrow: prompt cache %s: %d of %d prompt tokens reused\n", prompt_cache, (int)reuse,
+                (int)n_toks);
+    else
+        reuse = 0;
     enum { STOP_N, STOP_EOG, STOP_CTX, STOP_INT } stop = STOP_N;
     /* the prompt alone first, so that --prompt-cache saves the session after it */
     struct sp_generate_params gp = sp_generate_default_params();

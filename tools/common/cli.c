@@ -403,6 +403,21 @@ void gen_opts_seed(struct gen_opts *g) {
     g->sp.seed = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
 }
 
+int32_t prompt_cache_reuse(const char *cmd, struct sp_session *s, const char *file, const int32_t *toks, int32_t n,
+                           uint64_t seed) {
+    int32_t reuse = 0;
+    if (!file || access(file, F_OK) != 0) return -1;
+    if (sp_session_load(s, file) != SP_OK) {
+        fprintf(stderr, "sparrow: %s: warning: prompt cache not used: %s\n", cmd, sp_last_error());
+        return -1;
+    }
+    const int32_t held = sp_session_n_past(s), *ht = sp_session_tokens(s);
+    while (reuse < held && reuse < n - 1 && ht[reuse] == toks[reuse]) reuse++;
+    sp_session_truncate(s, reuse);
+    sp_session_set_seed(s, seed);
+    return reuse;
+}
+
 void help_gen_opts(FILE *f) {
     fprintf(f,
             "      --temp T            temperature, >= 0; 0 = greedy (default: %g)\n"

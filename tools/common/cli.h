@@ -88,6 +88,13 @@ struct gen_opts {
 void gen_opts_init(struct gen_opts *g);
 int gen_opt(struct argp *a, struct gen_opts *g);
 void gen_opts_seed(struct gen_opts *g);
+/* --prompt-cache: load FILE (if it exists) into the empty session s and keep
+ * the longest prefix of toks[0..n) it holds, at most n - 1 tokens (the last
+ * one is decoded again, for its logits); the sampler is reseeded with seed.
+ * Returns the tokens kept, or -1 when FILE is absent or refused (a warning
+ * names it then; the session stays empty). */
+int32_t prompt_cache_reuse(const char *cmd, struct sp_session *s, const char *file, const int32_t *toks, int32_t n,
+                           uint64_t seed);
 /* The help lines of gen_opt's options from --temp to --keep (-n,
  * --prompt-cache and --mem-budget are worded by each command). */
 void help_gen_opts(FILE *f);
