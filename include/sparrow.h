@@ -396,7 +396,8 @@ typedef bool (*sp_token_fn)(const char *text, size_t len, int32_t token, void *u
  *  SP_E_INVALID     bad params or stop strings (message says which), or a
  *                   prompt id outside the vocabulary;
  *  SP_E_IO, SP_E_NOMEM as sp_decode / sp_sample return them.
- * The loop itself allocates only once, for the stop strings. */
+ * It allocates at the start (the stop strings, a token's buffers) and on
+ * the way only for a token longer than 256 bytes; sp_decode never does. */
 sp_status sp_generate(struct sp_session *s, const int32_t *prompt, int32_t n, const struct sp_generate_params *params,
                       sp_token_fn on_token, void *user, struct sp_generate_result *out);
 
