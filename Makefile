@@ -20,6 +20,8 @@ WARN    := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Werr
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -g $(WARN) -Iinclude -Isrc -MMD -MP
 LDLIBS  += -lpcre2-8 -lzstd -lcrypto -lm -lpthread
 TEST_LDLIBS := -lcjson
+# the CLI alone: JSON lines and line editing for `sparrow chat`
+CLI_LDLIBS := -lcjson -ledit
 
 ARCH := $(shell $(CC) -dumpmachine)
 ifneq (,$(findstring x86_64,$(ARCH)))
@@ -73,7 +75,7 @@ $(LIB): $(LIB_OBJ)
 	$(AR) rcs $@ $^
 
 $(CLI): $(CLI_OBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS) $(CLI_LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS) $(TEST_LDLIBS)

@@ -319,6 +319,89 @@ int32_t sp_chat_builtin_templates(const char **names, size_t cap);
 const char *sp_chat_detect_template(const char *tmpl);
 
 /* ---------------------------------------------------------------------------
+ * Generation (src/gen/): the loop that turns a prompt into an answer --
+ * decode the prompt, then sample, stream and feed back one token at a time
+ * until a stop condition -- shared by `sparrow run`, `sparrow chat` and any
+ * embedder.  The streamed text is always valid UTF-8: a character split
+ * across tokens is delivered with its last byte, invalid bytes become
+ * U+FFFD, and text that could still become a stop string is held back until
+ * it cannot (it is never delivered when it does).  A server that batches
+ * several sequences runs its own loop over the same filters (src/gen/stream.h).
+ * Calls on one session must not overlap (as for sp_decode).
+ * ------------------------------------------------------------------------- */
+struct sp_session;
+
+enum sp_stop_reason {
+    SP_STOP_LIMIT = 0,    /* n_predict tokens were generated */
+    SP_STOP_EOG = 1,      /* the model sampled an end-of-generation token
+                             (<|im_end|>, <|eot_id|>, </s>, ...): not delivered,
+                             not decoded */
+    SP_STOP_STRING = 2,   /* the text reached a stop string (stop_index says
+                             which): the text before it was delivered, it was not */
+    SP_STOP_CONTEXT = 3,  /* the context is full and ctx_shift is off */
+    SP_STOP_CALLBACK = 4, /* on_token returned false */
+    SP_STOP_ABORTED = 5,  /* the session's abort callback stopped a decode
+                             (sp_session_set_abort): what was decoded stays */
+    SP_STOP_REASON_COUNT
+};
+
+/* A constant name: "limit", "eog", "stop string", "context full", "callback",
+ * "aborted"; "?" out of range. */
+const char *sp_stop_reason_name(enum sp_stop_reason r);
+
+struct sp_generate_params {
+    int32_t n_predict;          /* tokens to generate; -1 = until another stop
+                                   condition; 0 = decode the prompt only */
+    const char *const *stops;   /* n_stops stop strings, non-empty valid UTF-8
+                                   (copied; NULL when n_stops is 0) */
+    int32_t n_stops;
+    bool decode_last;           /* feed the last generated token too, so the
+                                   session holds the whole answer (a chat's next
+                                   turn goes on after it); false saves that
+                                   decode when nothing follows.  Tokens stopped
+                                   at by EOG are never fed.  Default true. */
+};
+struct sp_generate_params sp_generate_default_params(void);
+
+struct sp_generate_result {
+    enum sp_stop_reason stop;
+    int32_t stop_index;     /* the stop string matched (SP_STOP_STRING), else -1 */
+    int32_t n_prompt;       /* prompt tokens decoded by this call */
+    int32_t n_generated;    /* tokens sampled and delivered (an EOG token is not) */
+    int32_t n_decoded;      /* generated tokens fed back (n_generated, or one
+                               less without decode_last or at a full context) */
+    double t_prompt_s;      /* seconds decoding the prompt */
+    double ttft_s;          /* seconds from the call to the first token sampled
+                               (the prompt's decode included); 0 if none */
+    double t_decode_s;      /* seconds in sp_decode for the generated tokens */
+    double decode_tps;      /* n_decoded / t_decode_s (0 when nothing was fed) */
+    double t_total_s;       /* seconds in the call */
+};
+
+/* Called once per generated token (token >= 0), and once more with token -1
+ * if text was still held at the end.  text[0..len) is the valid UTF-8 the
+ * token completes (often len 0: a character or a possible stop string not
+ * yet complete); not NUL-terminated, valid only during the call.  Return
+ * false to stop (SP_STOP_CALLBACK; the call with token -1 cannot stop). */
+typedef bool (*sp_token_fn)(const char *text, size_t len, int32_t token, void *user);
+
+/* Decode n prompt tokens (n may be 0: go on from the logits the session
+ * holds), then generate per params (NULL = defaults) with the session's
+ * sampling parameters, calling on_token (may be NULL) for each token.  out
+ * receives why it stopped and the counts and timings (also on SP_E_* after
+ * the prompt, as far as it got).  Returns:
+ *  SP_OK            a stop condition was reached (out->stop says which);
+ *  SP_E_CONTEXT_FULL the prompt does not fit (nothing consumed; ctx_shift off);
+ *  SP_E_STATE       n is 0 and the session holds no logits;
+ *  SP_E_INVALID     bad params or stop strings (message says which), or a
+ *                   prompt id outside the vocabulary;
+ *  SP_E_IO, SP_E_NOMEM as sp_decode / sp_sample return them.
+ * It allocates at the start (the stop strings, a token's buffers) and on
+ * the way only for a token longer than 256 bytes; sp_decode never does. */
+sp_status sp_generate(struct sp_session *s, const int32_t *prompt, int32_t n, const struct sp_generate_params *params,
+                      sp_token_fn on_token, void *user, struct sp_generate_result *out);
+
+/* ---------------------------------------------------------------------------
  * Session: one conversation -- its tokens, their KV cache, scratch, sampler.
  * All memory a session needs per token is allocated in sp_session_init;
  * sp_decode never allocates.  The KV cache is paged: blocks of 32 tokens

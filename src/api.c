@@ -666,6 +666,10 @@ bool sp_session_routing(const struct sp_session *s, uint32_t il, uint32_t pos, s
     return s && out && sp_moe_trace_get(s->seq->fwd, il, pos, out);
 }
 
+const struct sp_model *sp_session_model(const struct sp_session *s) {
+    return s ? s->model : NULL;
+}
+
 int32_t sp_session_n_past(const struct sp_session *s) {
     return !s ? 0 : s->swap_path ? s->swap_n : (int32_t)sp_seq_n(s->seq);
 }

@@ -26,4 +26,7 @@ bool sp_session_routing(const struct sp_session *s, uint32_t il, uint32_t pos, s
 struct sp_file;
 sp_status sp_session_load_from(struct sp_session *s, struct sp_file *f, bool verify);
 
+/* The model a session decodes with (src/gen/generate.c renders its tokens). */
+const struct sp_model *sp_session_model(const struct sp_session *s);
+
 #endif /* SP_API_INTERNAL_H */

@@ -33,53 +33,29 @@ void help_run(FILE *f) {
             "  -p, --prompt TEXT       prompt text (default: empty)\n"
             "  -f, --file FILE         read the prompt from FILE ('-' = stdin); excludes -p\n"
             "  -n, --n-predict N       tokens to generate, -1 = until end of generation or\n"
-            "                          a full context (default: %d)\n"
-            "      --temp T            temperature, >= 0; 0 = greedy (default: %g)\n"
-            "      --top-k K           keep the K most likely tokens, 0 = off (default: %d)\n"
-            "      --top-p P           keep the smallest set with probability >= P, in (0, 1];\n"
-            "                          1 = off (default: %g)\n"
-            "      --min-p P           drop tokens below P x the most likely one's\n"
-            "                          probability, in [0, 1]; 0 = off (default: %g)\n"
-            "      --repeat-penalty R  penalise the last N tokens: logit / R if > 0, else\n"
-            "                          logit x R; R > 0, 1 = off (default: %g)\n"
-            "      --repeat-last-n N   tokens the penalty looks back at, 0..%d\n"
-            "                          (default: %d)\n"
-            "      --seed S            sampler seed, 0..2^64-1 (default: from the clock,\n"
-            "                          printed on stderr)\n"
-            "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
-            "  -c, --ctx-size N        context length in tokens, 0 = the model's trained\n"
-            "                          context (default: 0); more is accepted with a warning\n"
-            "  -b, --batch N           tokens per forward pass when feeding the prompt,\n"
-            "                          1..%d; 0 = the library's default (128)\n"
-            CLI_HELP_CACHE_TYPES
-            "      --context-shift     when the context is full, drop the oldest tokens after\n"
-            "                          the first --keep and go on (default: stop there)\n"
-            "      --keep N            tokens at the start a context shift keeps (attention\n"
-            "                          sinks), 0..CTX-1 (default: 0)\n"
-            "      --prompt-cache FILE reuse the part of the prompt FILE holds (a session\n"
-            "                          saved by an earlier run with the same model and cache\n"
-            "                          types), then save the session after the prompt to FILE\n"
-            "      --prompt-cache-ro   use --prompt-cache's file but do not update it\n"
-            "      --mem-budget SIZE   keep at most SIZE resident (weights, KV cache, scratch);\n"
-            "                          binary units: 7.5G = 7.5 GiB, 512M.  What does not fit\n"
-            "                          streams from storage (see 'sparrow plan').  Default:\n"
-            "                          no budget, every weight resident\n"
-            CLI_HELP_TOKENIZER
-            "  -v, --verbose           print the library's log messages on stderr\n"
-            "  -h, --help              print this help and exit\n"
-            "\n"
-            "Sampling order: repetition penalty, then greedy if T = 0, else temperature,\n"
-            "top-k, top-p, min-p, and a draw from the seeded RNG.  The same model, prompt,\n"
-            "options and seed give the same output.\n"
-            "\n"
-            "Ctrl-C stops the generation after the current token: the line is ended, the\n"
-            "timings printed, and the exit status is 130 (a second Ctrl-C kills at once).\n"
-            "\n"
-            "exit status: 0 success (also when the context fills up), 1 runtime or library\n"
-            "error (e.g. a missing file, a prompt longer than the context), 2 usage error,\n"
-            "130 interrupted (Ctrl-C).\n",
-            DEF_N_PREDICT, DEF_TEMP, DEF_TOP_K, DEF_TOP_P, DEF_MIN_P, DEF_REPEAT_PENALTY, MAX_REPEAT_LAST_N,
-            DEF_REPEAT_LAST_N, MAX_THREADS, default_threads(), MAX_BATCH);
+            "                          a full context (default: %d)\n",
+            DEF_N_PREDICT);
+    help_gen_opts(f);
+    fputs("      --prompt-cache FILE reuse the part of the prompt FILE holds (a session\n"
+          "                          saved by an earlier run with the same model and cache\n"
+          "                          types), then save the session after the prompt to FILE\n"
+          "      --prompt-cache-ro   use --prompt-cache's file but do not update it\n"
+          CLI_HELP_MEM_BUDGET
+          CLI_HELP_TOKENIZER
+          "  -v, --verbose           print the library's log messages on stderr\n"
+          "  -h, --help              print this help and exit\n"
+          "\n"
+          "Sampling order: repetition penalty, then greedy if T = 0, else temperature,\n"
+          "top-k, top-p, min-p, and a draw from the seeded RNG.  The same model, prompt,\n"
+          "options and seed give the same output.\n"
+          "\n"
+          "Ctrl-C stops the generation after the current token: the line is ended, the\n"
+          "timings printed, and the exit status is 130 (a second Ctrl-C kills at once).\n"
+          "\n"
+          "exit status: 0 success (also when the context fills up), 1 runtime or library\n"
+          "error (e.g. a missing file, a prompt longer than the context), 2 usage error,\n"
+          "130 interrupted (Ctrl-C).\n",
+          f);
 }
 
 /* ---- run ------------------------------------------------------------------------ */
@@ -97,22 +73,40 @@ static bool run_abort(void *user) {
     return run_interrupted != 0;
 }
 
+/* stdout gets each token's own bytes (the help promises exactly those, so
+ * not sp_generate's UTF-8-repaired text); a write error stops the loop. */
+struct run_out {
+    struct piece_buf pb;
+    const struct sp_model *model;
+    char last; /* the last byte written to stdout */
+    int failed;
+};
+static bool run_token(const char *text, size_t n, int32_t tok, void *user) {
+    struct run_out *o = user;
+    size_t len = 0;
+    (void)text;
+    (void)n;
+    if (tok < 0) return true;
+    sp_status rc = piece_of(o->model, tok, &o->pb, &len);
+    if (rc != SP_OK) {
+        lib_error("rendering a token", rc);
+        o->failed = 1;
+        return false;
+    }
+    if ((len && fwrite(o->pb.p, 1, len, stdout) != len) || fflush(stdout) != 0) {
+        fprintf(stderr, "sparrow: run: cannot write to stdout: %s\n", strerror(errno));
+        o->failed = 1;
+        return false;
+    }
+    if (len) o->last = o->pb.p[len - 1];
+    return !run_interrupted;
+}
+
 int cmd_run(int argc, char **argv) {
     struct argp a = {.cmd = "run", .argc = argc, .argv = argv};
     const char *model_path = NULL, *prompt = NULL, *prompt_file = NULL, *tokenizer = NULL;
-    long long n_predict = DEF_N_PREDICT;
-    struct sp_session_params sp = sp_session_default_params();
-    bool have_seed = false;
-    sp.sampling.temp = (float)DEF_TEMP;
-    sp.sampling.top_k = DEF_TOP_K;
-    sp.sampling.top_p = (float)DEF_TOP_P;
-    sp.sampling.min_p = (float)DEF_MIN_P;
-    sp.sampling.repeat_penalty = (float)DEF_REPEAT_PENALTY;
-    sp.sampling.repeat_last_n = DEF_REPEAT_LAST_N;
-    sp.n_ctx = 0;
-    sp.n_threads = default_threads();
-    uint64_t mem_budget = 0;
-    const char *prompt_cache = NULL;
+    struct gen_opts g;
+    gen_opts_init(&g);
     bool prompt_cache_ro = false;
 
     for (a.i = 1; a.i < argc; a.i++) {
@@ -128,34 +122,8 @@ int cmd_run(int argc, char **argv) {
             prompt = opt_value(&a);
         } else if (opt_is(&a, "-f", "--file")) {
             prompt_file = opt_value(&a);
-        } else if (opt_is(&a, "-n", "--n-predict")) {
-            n_predict = parse_int(&a, opt_value(&a), -1, INT32_MAX);
-        } else if (opt_is(&a, NULL, "--temp")) {
-            sp.sampling.temp = (float)parse_num(&a, opt_value(&a), 0, 1e38, 0);
-        } else if (opt_is(&a, NULL, "--top-k")) {
-            sp.sampling.top_k = (int32_t)parse_int(&a, opt_value(&a), 0, INT32_MAX);
-        } else if (opt_is(&a, NULL, "--top-p")) {
-            sp.sampling.top_p = (float)parse_num(&a, opt_value(&a), 0, 1, 1);
-        } else if (opt_is(&a, NULL, "--min-p")) {
-            sp.sampling.min_p = (float)parse_num(&a, opt_value(&a), 0, 1, 0);
-        } else if (opt_is(&a, NULL, "--repeat-penalty")) {
-            sp.sampling.repeat_penalty = (float)parse_num(&a, opt_value(&a), 0, 1e38, 1);
-        } else if (opt_is(&a, NULL, "--repeat-last-n")) {
-            sp.sampling.repeat_last_n = (int32_t)parse_int(&a, opt_value(&a), 0, MAX_REPEAT_LAST_N);
-        } else if (opt_is(&a, NULL, "--seed")) {
-            sp.seed = parse_u64(&a, opt_value(&a));
-            have_seed = true;
-        } else if (session_opt(&a, &sp)) {
-            /* -t, -c, -b, -ctk, -ctv, --kv-type */
-        } else if (opt_is(&a, NULL, "--mem-budget")) {
-            mem_budget = parse_size(&a, opt_value(&a));
-        } else if (opt_is(&a, NULL, "--context-shift")) {
-            opt_no_value(&a);
-            sp.ctx_shift = true;
-        } else if (opt_is(&a, NULL, "--keep")) {
-            sp.n_keep = (int32_t)parse_int(&a, opt_value(&a), 0, INT32_MAX);
-        } else if (opt_is(&a, NULL, "--prompt-cache")) {
-            prompt_cache = opt_value(&a);
+        } else if (gen_opt(&a, &g)) {
+            /* -n, sampling, -t -c -b -ctk -ctv, --mem-budget, --context-shift, --keep, --prompt-cache */
         } else if (opt_is(&a, NULL, "--prompt-cache-ro")) {
             opt_no_value(&a);
             prompt_cache_ro = true;
@@ -165,6 +133,10 @@ int cmd_run(int argc, char **argv) {
             last_opt(&a, "the prompt goes after -p");
         }
     }
+    struct sp_session_params sp = g.sp;
+    const long long n_predict = g.n_predict;
+    const uint64_t mem_budget = g.mem_budget;
+    const char *prompt_cache = g.prompt_cache;
     if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow run --help')");
     if (prompt && prompt_file) usage_error(a.cmd, "-p and -f exclude each other");
 
@@ -174,7 +146,7 @@ int cmd_run(int argc, char **argv) {
     struct sp_session *sess = NULL;
     char *file_text = NULL;
     int32_t *toks = NULL, n_toks = 0;
-    struct piece_buf pb = {NULL, 0};
+    struct run_out ro = {{NULL, 0}, NULL, '\n', 0};
     size_t prompt_len = 0;
 
     if (prompt_file) {
@@ -185,11 +157,8 @@ int cmd_run(int argc, char **argv) {
     } else {
         prompt = "";
     }
-    if (!have_seed) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        sp.seed = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
-    }
+    gen_opts_seed(&g);
+    sp.seed = g.sp.seed;
 
     sp_log_set(cli_log, &log_verbose);
     const double t_load0 = now_s();
@@ -198,6 +167,7 @@ int cmd_run(int argc, char **argv) {
         ret = lib_error("loading the model", rc);
         goto done;
     }
+    ro.model = model;
     rc = sp_session_init(model, &sp, &sess);
     if (rc != SP_OK) {
         ret = lib_error("creating the session", rc);
@@ -232,79 +202,44 @@ int cmd_run(int argc, char **argv) {
 
     /* --prompt-cache: keep the longest prefix of the prompt the file holds
      * (at least the last prompt token is decoded again, for its logits) */
-    int32_t reuse = 0;
-    if (prompt_cache && access(prompt_cache, F_OK) == 0) {
-        rc = sp_session_load(sess, prompt_cache);
-        if (rc != SP_OK) {
-            fprintf(stderr, "sparrow: run: warning: prompt cache not used: %s\n", sp_last_error());
-        } else {
-            const int32_t held = sp_session_n_past(sess), *ht = sp_session_tokens(sess);
-            while (reuse < held && reuse < n_toks - 1 && ht[reuse] == toks[reuse]) reuse++;
-            sp_session_truncate(sess, reuse);
-            sp_session_set_seed(sess, sp.seed);
-            fprintf(stderr, "sparrow: prompt cache %s: %d of %d prompt tokens reused\n", prompt_cache, (int)reuse,
-                    (int)n_toks);
-        }
-    }
+    int32_t reuse = prompt_cache_reuse(a.cmd, sess, prompt_cache, toks, n_toks, sp.seed);
+    if (reuse >= 0)
+        fprintf(stderr, "sparrow: prompt cache %s: %d of %d prompt tokens reused\n", prompt_cache, (int)reuse,
+                (int)n_toks);
+    else
+        reuse = 0;
     enum { STOP_N, STOP_EOG, STOP_CTX, STOP_INT } stop = STOP_N;
-    const double t_p0 = now_s();
-    rc = sp_decode(sess, toks + reuse, n_toks - reuse);
-    if (rc == SP_E_ABORTED && run_interrupted) {
-        stop = STOP_INT;
-    } else if (rc != SP_OK) {
+    /* the prompt alone first, so that --prompt-cache saves the session after it */
+    struct sp_generate_params gp = sp_generate_default_params();
+    struct sp_generate_result pr, gr;
+    memset(&gr, 0, sizeof gr);
+    gp.n_predict = 0;
+    rc = sp_generate(sess, toks + reuse, n_toks - reuse, &gp, NULL, NULL, &pr);
+    if (rc != SP_OK) {
         ret = lib_error("decoding the prompt", rc);
         goto done;
     }
-    const double t_prompt = now_s() - t_p0;
+    if (pr.stop == SP_STOP_ABORTED) stop = STOP_INT;
+    const double t_prompt = pr.t_prompt_s;
     if (stop != STOP_INT && prompt_cache && !prompt_cache_ro && (rc = sp_session_save(sess, prompt_cache)) != SP_OK)
         fprintf(stderr, "sparrow: run: warning: cannot save the prompt cache: %s\n", sp_last_error());
 
-    long long n_gen = 0, n_dec = 0;
-    double t_dec = 0;
-    char last = '\n'; /* the last byte written to stdout */
-    const double t_g0 = now_s();
-    while (stop != STOP_INT && (n_predict < 0 || n_gen < n_predict)) {
-        int32_t tok;
-        size_t len = 0;
-        if (run_interrupted) {
-            stop = STOP_INT;
-            break;
-        }
-        rc = sp_sample(sess, &tok);
+    if (stop != STOP_INT && n_predict != 0) {
+        gp.n_predict = (int32_t)n_predict;
+        gp.decode_last = false; /* the last token needs no decode */
+        rc = sp_generate(sess, NULL, 0, &gp, run_token, &ro, &gr);
+        if (ro.failed) goto done;
         if (rc != SP_OK) {
-            ret = lib_error("sampling", rc);
+            ret = lib_error(gr.n_generated ? "decoding" : "sampling", rc);
             goto done;
         }
-        if (sp_token_is_eog(model, tok)) {
-            stop = STOP_EOG;
-            break;
-        }
-        rc = piece_of(model, tok, &pb, &len);
-        if (rc != SP_OK) {
-            ret = lib_error("rendering a token", rc);
-            goto done;
-        }
-        if ((len && fwrite(pb.p, 1, len, stdout) != len) || fflush(stdout) != 0) {
-            fprintf(stderr, "sparrow: run: cannot write to stdout: %s\n", strerror(errno));
-            goto done;
-        }
-        if (len) last = pb.p[len - 1];
-        n_gen++;
-        if (n_predict >= 0 && n_gen >= n_predict) break; /* the last token needs no decode */
-        const double t0 = now_s();
-        rc = sp_decode(sess, &tok, 1);
-        t_dec += now_s() - t0;
-        if (rc == SP_E_CONTEXT_FULL) {
-            stop = STOP_CTX;
-            break;
-        }
-        if (rc != SP_OK) {
-            ret = lib_error("decoding", rc);
-            goto done;
-        }
-        n_dec++;
+        if (gr.stop == SP_STOP_EOG) stop = STOP_EOG;
+        if (gr.stop == SP_STOP_CONTEXT) stop = STOP_CTX;
+        if (gr.stop == SP_STOP_CALLBACK || gr.stop == SP_STOP_ABORTED) stop = STOP_INT;
     }
-    const double t_gen = now_s() - t_g0;
+    const long long n_gen = gr.n_generated, n_dec = gr.n_decoded;
+    const double t_dec = gr.t_decode_s, t_gen = gr.t_total_s;
+    const char last = ro.last;
 
     /* keep the stats off the text's line where both are seen together: a
      * terminal, or stdout and stderr the same file (2>&1) */
@@ -322,7 +257,7 @@ int cmd_run(int argc, char **argv) {
     ret = stop == STOP_INT ? EXIT_INTERRUPTED : EXIT_OK;
 
 done:
-    free(pb.p);
+    free(ro.pb.p);
     free(toks);
     free(file_text);
     sp_session_free(sess);

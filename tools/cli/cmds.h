@@ -10,6 +10,7 @@
 
 #define SP_CLI_COMMAND(name) int cmd_##name(int argc, char **argv); void help_##name(FILE *f)
 SP_CLI_COMMAND(run);
+SP_CLI_COMMAND(chat);
 SP_CLI_COMMAND(tokenize);
 SP_CLI_COMMAND(inspect);
 SP_CLI_COMMAND(synth);

@@ -24,6 +24,8 @@ static void help_main(FILE *f) {
             "\n"
             "commands:\n"
             "  run        generate text from a prompt\n"
+            "  chat       hold a conversation: a terminal, a pipe or JSON lines, the model's\n"
+            "             chat template, each turn decoding only what it adds\n"
             "  tokenize   print the token ids of a text\n"
             "  inspect    describe a model file: hyper-parameters, tokenizer, metadata, tensors\n"
             "  bench      measure load time, time to first token, prefill and decode speed,\n"
@@ -64,6 +66,7 @@ static const struct {
     void (*help)(FILE *f);
 } commands[] = {
     {"run", cmd_run, help_run},
+    {"chat", cmd_chat, help_chat},
     {"tokenize", cmd_tokenize, help_tokenize},
     {"inspect", cmd_inspect, help_inspect},
     {"synth", cmd_synth, help_synth},

@@ -344,6 +344,108 @@ int session_opt(struct argp *a, struct sp_session_params *sp) {
     return 1;
 }
 
+/* ---- the generation options of run and chat ------------------------------------ */
+
+void gen_opts_init(struct gen_opts *g) {
+    memset(g, 0, sizeof *g);
+    g->n_predict = DEF_N_PREDICT;
+    g->sp = sp_session_default_params();
+    g->sp.sampling.temp = (float)DEF_TEMP;
+    g->sp.sampling.top_k = DEF_TOP_K;
+    g->sp.sampling.top_p = (float)DEF_TOP_P;
+    g->sp.sampling.min_p = (float)DEF_MIN_P;
+    g->sp.sampling.repeat_penalty = (float)DEF_REPEAT_PENALTY;
+    g->sp.sampling.repeat_last_n = DEF_REPEAT_LAST_N;
+    g->sp.n_ctx = 0;
+    g->sp.n_threads = default_threads();
+}
+
+int gen_opt(struct argp *a, struct gen_opts *g) {
+    struct sp_sampling_params *s = &g->sp.sampling;
+    if (opt_is(a, "-n", "--n-predict")) {
+        g->n_predict = parse_int(a, opt_value(a), -1, INT32_MAX);
+    } else if (opt_is(a, NULL, "--temp")) {
+        s->temp = (float)parse_num(a, opt_value(a), 0, 1e38, 0);
+    } else if (opt_is(a, NULL, "--top-k")) {
+        s->top_k = (int32_t)parse_int(a, opt_value(a), 0, INT32_MAX);
+    } else if (opt_is(a, NULL, "--top-p")) {
+        s->top_p = (float)parse_num(a, opt_value(a), 0, 1, 1);
+    } else if (opt_is(a, NULL, "--min-p")) {
+        s->min_p = (float)parse_num(a, opt_value(a), 0, 1, 0);
+    } else if (opt_is(a, NULL, "--repeat-penalty")) {
+        s->repeat_penalty = (float)parse_num(a, opt_value(a), 0, 1e38, 1);
+    } else if (opt_is(a, NULL, "--repeat-last-n")) {
+        s->repeat_last_n = (int32_t)parse_int(a, opt_value(a), 0, MAX_REPEAT_LAST_N);
+    } else if (opt_is(a, NULL, "--seed")) {
+        g->sp.seed = parse_u64(a, opt_value(a));
+        g->have_seed = true;
+    } else if (session_opt(a, &g->sp)) {
+        /* -t, -c, -b, -ctk, -ctv, --kv-type */
+    } else if (opt_is(a, NULL, "--mem-budget")) {
+        g->mem_budget = parse_size(a, opt_value(a));
+    } else if (opt_is(a, NULL, "--context-shift")) {
+        opt_no_value(a);
+        g->sp.ctx_shift = true;
+    } else if (opt_is(a, NULL, "--keep")) {
+        g->sp.n_keep = (int32_t)parse_int(a, opt_value(a), 0, INT32_MAX);
+    } else if (opt_is(a, NULL, "--prompt-cache")) {
+        g->prompt_cache = opt_value(a);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+void gen_opts_seed(struct gen_opts *g) {
+    if (g->have_seed) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    g->sp.seed = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
+}
+
+int32_t prompt_cache_reuse(const char *cmd, struct sp_session *s, const char *file, const int32_t *toks, int32_t n,
+                           uint64_t seed) {
+    int32_t reuse = 0;
+    if (!file || access(file, F_OK) != 0) return -1;
+    if (sp_session_load(s, file) != SP_OK) {
+        fprintf(stderr, "sparrow: %s: warning: prompt cache not used: %s\n", cmd, sp_last_error());
+        return -1;
+    }
+    const int32_t held = sp_session_n_past(s), *ht = sp_session_tokens(s);
+    while (reuse < held && reuse < n - 1 && ht[reuse] == toks[reuse]) reuse++;
+    sp_session_truncate(s, reuse);
+    sp_session_set_seed(s, seed);
+    return reuse;
+}
+
+void help_gen_opts(FILE *f) {
+    fprintf(f,
+            "      --temp T            temperature, >= 0; 0 = greedy (default: %g)\n"
+            "      --top-k K           keep the K most likely tokens, 0 = off (default: %d)\n"
+            "      --top-p P           keep the smallest set with probability >= P, in (0, 1];\n"
+            "                          1 = off (default: %g)\n"
+            "      --min-p P           drop tokens below P x the most likely one's\n"
+            "                          probability, in [0, 1]; 0 = off (default: %g)\n"
+            "      --repeat-penalty R  penalise the last N tokens: logit / R if > 0, else\n"
+            "                          logit x R; R > 0, 1 = off (default: %g)\n"
+            "      --repeat-last-n N   tokens the penalty looks back at, 0..%d\n"
+            "                          (default: %d)\n"
+            "      --seed S            sampler seed, 0..2^64-1 (default: from the clock,\n"
+            "                          printed on stderr)\n"
+            "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
+            "  -c, --ctx-size N        context length in tokens, 0 = the model's trained\n"
+            "                          context (default: 0); more is accepted with a warning\n"
+            "  -b, --batch N           tokens per forward pass when feeding the prompt,\n"
+            "                          1..%d; 0 = the library's default (128)\n"
+            CLI_HELP_CACHE_TYPES
+            "      --context-shift     when the context is full, drop the oldest tokens after\n"
+            "                          the first --keep and go on (default: stop there)\n"
+            "      --keep N            tokens at the start a context shift keeps (attention\n"
+            "                          sinks), 0..CTX-1 (default: 0)\n",
+            DEF_TEMP, DEF_TOP_K, DEF_TOP_P, DEF_MIN_P, DEF_REPEAT_PENALTY, MAX_REPEAT_LAST_N, DEF_REPEAT_LAST_N,
+            MAX_THREADS, default_threads(), MAX_BATCH);
+}
+
 /* The end of every command's option chain: -v/--verbose, else an unknown
  * option or a stray argument is a usage error; `hint` says where arguments
  * go ("the model goes after -m"). */

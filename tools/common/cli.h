@@ -72,6 +72,39 @@ int is_option(const char *arg);
  * --kv-type (both).
  * Returns 1 when argv[i] was one of them. */
 int session_opt(struct argp *a, struct sp_session_params *sp);
+/* The generation options run and chat share: -n, the sampling flags
+ * (--temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,
+ * --seed), session_opt's, --mem-budget, --context-shift, --keep and
+ * --prompt-cache FILE.  gen_opts_init sets the defaults the help prints;
+ * gen_opt returns 1 when argv[i] was one of them; gen_opts_seed draws a
+ * seed from the clock when --seed was not given. */
+struct gen_opts {
+    struct sp_session_params sp;
+    long long n_predict;
+    bool have_seed;
+    uint64_t mem_budget;
+    const char *prompt_cache;
+};
+void gen_opts_init(struct gen_opts *g);
+int gen_opt(struct argp *a, struct gen_opts *g);
+void gen_opts_seed(struct gen_opts *g);
+/* --prompt-cache: load FILE (if it exists) into the empty session s and keep
+ * the longest prefix of toks[0..n) it holds, at most n - 1 tokens (the last
+ * one is decoded again, for its logits); the sampler is reseeded with seed.
+ * Returns the tokens kept, or -1 when FILE is absent or refused (a warning
+ * names it then; the session stays empty). */
+int32_t prompt_cache_reuse(const char *cmd, struct sp_session *s, const char *file, const int32_t *toks, int32_t n,
+                           uint64_t seed);
+/* The help lines of gen_opt's options from --temp to --keep (-n,
+ * --prompt-cache and --mem-budget are worded by each command). */
+void help_gen_opts(FILE *f);
+/* The help lines of --mem-budget as run and chat have it. */
+#define CLI_HELP_MEM_BUDGET                                                                                            \
+    "      --mem-budget SIZE   keep at most SIZE resident (weights, KV cache, scratch);\n"                              \
+    "                          binary units: 7.5G = 7.5 GiB, 512M.  What does not fit\n"                                \
+    "                          streams from storage (see 'sparrow plan').  Default:\n"                                  \
+    "                          no budget, every weight resident\n"
+
 /* The end of every command's option chain: -v, else a usage error. */
 void last_opt(struct argp *a, const char *hint);
 
