@@ -134,6 +134,18 @@ sp_status sp_seq_shift(struct sp_seq *s, uint32_t n) {
 
 /* ---- decode ------------------------------------------------------------------ */
 
+/* The context shift that makes room for nb more tokens (the cells are full):
+ * n_discard tokens after the sinks, or half of them, and at least enough. */
+static sp_status shift_for(struct sp_seq *s, uint32_t nb) {
+    const struct sp_seq_params *p = &s->p;
+    const struct sp_kv_cells *c = &s->cells;
+    const uint32_t after = c->n - SP_MIN(p->n_keep, c->n);
+    uint32_t d = p->n_discard ? p->n_discard : after / 2;
+    d = SP_MAX(d, c->n + nb - p->n_ctx);
+    d = SP_MIN(d, after);
+    return sp_seq_shift(s, d);
+}
+
 sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
                         uint32_t *n_done) {
     struct sp_kv_cells *c = &s->cells;
@@ -154,13 +166,7 @@ sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, flo
         const uint32_t nb = SP_MIN(p->n_batch, n - i);
         if (s->abort_fn && s->abort_fn(s->abort_user))
             return sp_err(SP_E_ABORTED, "decode aborted by the caller after %u of %u tokens", i, n);
-        if (c->n + nb > p->n_ctx) {
-            const uint32_t after = c->n - SP_MIN(p->n_keep, c->n);
-            uint32_t d = p->n_discard ? p->n_discard : after / 2;
-            d = SP_MAX(d, c->n + nb - p->n_ctx);
-            d = SP_MIN(d, after);
-            if ((rc = sp_seq_shift(s, d))) return rc;
-        }
+        if (c->n + nb > p->n_ctx && (rc = shift_for(s, nb))) return rc;
         const uint32_t c0 = c->n;
         if ((rc = sp_kv_cells_append(c, tokens + i, nb, s->next_pos))) return rc;
         const bool last = i + nb == n;
@@ -189,11 +195,7 @@ static sp_status seq_room(struct sp_seq *s, uint32_t nb) {
     if (!p->ctx_shift || nb > p->n_ctx - SP_MIN(p->n_keep, p->n_ctx))
         return sp_err(SP_E_CONTEXT_FULL, "%u tokens do not fit: %u of %u context positions are used", nb, c->n,
                       p->n_ctx);
-    const uint32_t after = c->n - SP_MIN(p->n_keep, c->n);
-    uint32_t d = p->n_discard ? p->n_discard : after / 2;
-    d = SP_MAX(d, c->n + nb - p->n_ctx);
-    d = SP_MIN(d, after);
-    return sp_seq_shift(s, d);
+    return shift_for(s, nb);
 }
 
 sp_status sp_seq_decode_batch(struct sp_fwd *f, struct sp_fwd_seg *segs, struct sp_seq *const *seqs,
