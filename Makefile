@@ -41,6 +41,11 @@ CLI     := $(BUILD)/sparrow
 # tools/common: what the CLI (and the server) share; tools/cli: main.c + one cmd_<name>.c per command
 TOOLS_COMMON_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/common/*.c))
 CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/cli/*.c)) $(TOOLS_COMMON_OBJ)
+# tools/server: sparrow-server, which `sparrow serve` runs (libmicrohttpd, cJSON:
+# linked into it alone, so the other commands do not load them)
+SERVER := $(BUILD)/sparrow-server
+SERVER_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/server/*.c)) $(TOOLS_COMMON_OBJ)
+SERVER_LDLIBS := -lmicrohttpd -lcjson
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard bench/*.c)
@@ -64,7 +69,7 @@ endif
 .SECONDARY:
 
 .PHONY: all test asan format clean bench fuzz fuzz-run deps arm64
-all: $(LIB) $(CLI) $(TEST_BIN)
+all: $(LIB) $(CLI) $(SERVER) $(TEST_BIN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -76,6 +81,9 @@ $(LIB): $(LIB_OBJ)
 
 $(CLI): $(CLI_OBJ) $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS) $(CLI_LDLIBS)
+
+$(SERVER): $(SERVER_OBJ) $(LIB)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS) $(SERVER_LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS) $(TEST_LDLIBS)
@@ -137,4 +145,4 @@ format:
 clean:
 	rm -rf build build-asan build-fuzz build-arm64
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:%=%.d) $(BENCH_BIN:%=%.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(SERVER_OBJ:.o=.d) $(TEST_BIN:%=%.d) $(BENCH_BIN:%=%.d)

@@ -587,6 +587,46 @@ sp_status sp_session_swap_in(struct sp_session *s);
 bool sp_session_swapped(const struct sp_session *s);
 
 /* ---------------------------------------------------------------------------
+ * Batches: several sessions of one model decoded together.  One step feeds
+ * each session its own tokens (one sampled token, or a chunk of a prompt)
+ * and runs them all through the model in one forward pass, so every weight
+ * is read once per step for all of them: decoding is bound by memory
+ * bandwidth, and N conversations then cost little more than one.  Each
+ * session's tokens attend only to its own KV cells.  What a step leaves in a
+ * session is what sp_decode of the same tokens leaves (logits of its last
+ * token, penalty history, position), to float rounding: the matrix products
+ * run over more rows at once (docs/SERVER.md says when that is bit for bit).
+ *
+ * Threads: a batch runs on its own pool of n_threads; calls on one batch,
+ * and on the sessions it is decoding, must not overlap.
+ * ------------------------------------------------------------------------- */
+struct sp_batch;
+
+/* A batch for up to n_seq_max sessions per step and n_tokens tokens per step
+ * in all (0 = max(128, n_seq_max); at least n_seq_max), its scratch (the
+ * forward pass's for n_tokens rows, the logits of n_seq_max rows) taken from
+ * the model's memory account.  SP_E_INVALID (bad counts), SP_E_STATE (a
+ * vocab-only model), SP_E_NOMEM (the message says what is left). */
+sp_status sp_batch_init(struct sp_model *model, int32_t n_seq_max, int32_t n_tokens, int32_t n_threads,
+                        struct sp_batch **out);
+void sp_batch_free(struct sp_batch *b);
+/* Tokens one step takes in all. */
+int32_t sp_batch_n_tokens(const struct sp_batch *b);
+
+/* One step: session sessions[i] is fed tokens[i][0 .. n_tokens[i]) for each
+ * i < n_seq (distinct sessions of the batch's model; sum of n_tokens <=
+ * sp_batch_n_tokens).  Afterwards sp_get_logits(sessions[i]) is the logits
+ * of its last token and sp_sample works as after sp_decode.  Returns
+ * SP_E_INVALID (bad arguments, an id outside the vocabulary; nothing
+ * decoded), SP_E_CONTEXT_FULL (a session cannot take its tokens and has
+ * ctx_shift off: nothing decoded for any of them, though sessions before it
+ * with ctx_shift on may have shifted), SP_E_IO (a streamed weight could not
+ * be read: no session keeps the step's tokens; none has logits).  The abort
+ * callbacks are not called: a step is one pass.  Never allocates. */
+sp_status sp_batch_decode(struct sp_batch *b, struct sp_session *const *sessions, const int32_t *const *tokens,
+                          const int32_t *n_tokens, int32_t n_seq);
+
+/* ---------------------------------------------------------------------------
  * Memory budget: the placement plan and the pager's counters.
  * ------------------------------------------------------------------------- */
 

@@ -4,7 +4,7 @@
 # which `make fuzz` needs; .ci/run asks for them.
 # Needs root (or sudo) only when something is missing.
 set -eu
-pkgs="build-essential libpcre2-dev libcjson-dev libzstd-dev libssl-dev libsimde-dev libedit-dev"
+pkgs="build-essential libpcre2-dev libcjson-dev libzstd-dev libssl-dev libsimde-dev libedit-dev libmicrohttpd-dev"
 [ "${1:-}" = "--fuzz" ] && pkgs="$pkgs clang libclang-rt-dev"
 need=""
 for p in $pkgs; do

@@ -748,6 +748,135 @@ uint64_t sp_session_memory_bytes(const struct sp_session *s) {
     return sp_seq_bytes(s->model, &s->seq->p) + (uint64_t)s->n_rows * s->model->mf->hp.n_vocab * sizeof(float);
 }
 
+/* ---- batches --------------------------------------------------------------- */
+
+struct sp_batch {
+    struct sp_model *model;
+    struct sp_fwd *fwd;        /* scratch for n_tokens rows, and the pool the batch runs on */
+    uint32_t n_seq_max, n_tokens;
+    int32_t *tok;              /* (n_tokens) the step's tokens, concatenated */
+    uint32_t *n;               /* (n_seq_max) tokens per sequence */
+    struct sp_seq **seqs;      /* (n_seq_max) */
+    struct sp_fwd_seg *segs;   /* (n_seq_max) */
+    float *logits;             /* (n_seq_max, n_vocab) */
+    uint64_t reserved;         /* its share of the model's memory account */
+};
+
+static uint64_t batch_bytes(const struct sp_model *m, uint32_t n_seq_max, uint32_t n_tokens, int n_threads) {
+    return sp_fwd_bytes(m, n_tokens, n_threads) + (uint64_t)n_tokens * sizeof(int32_t) +
+           (uint64_t)n_seq_max * (sizeof(uint32_t) + sizeof(struct sp_seq *) + sizeof(struct sp_fwd_seg) +
+                                  (uint64_t)m->mf->hp.n_vocab * sizeof(float));
+}
+
+sp_status sp_batch_init(struct sp_model *m, int32_t n_seq_max, int32_t n_tokens, int32_t n_threads,
+                        struct sp_batch **out) {
+    if (!out) return sp_err(SP_E_INVALID, "%s: out is NULL", __func__);
+    *out = NULL;
+    if (!m) return sp_err(SP_E_INVALID, "%s: model is NULL", __func__);
+    if (m->vocab_only) return sp_err(SP_E_STATE, "%s: the model was loaded vocab-only; it cannot run", __func__);
+    if (n_seq_max < 1 || n_seq_max > 4096)
+        return sp_err(SP_E_INVALID, "%s: n_seq_max %d out of range [1, 4096]", __func__, n_seq_max);
+    if (n_tokens < 0 || n_tokens > 65536)
+        return sp_err(SP_E_INVALID, "%s: n_tokens %d out of range [0, 65536]", __func__, n_tokens);
+    if (n_threads < 0 || n_threads > 1024)
+        return sp_err(SP_E_INVALID, "%s: n_threads %d out of range [0, 1024]", __func__, n_threads);
+    const uint32_t nt = n_tokens ? (uint32_t)n_tokens : SP_MAX(128u, (uint32_t)n_seq_max);
+    if (nt < (uint32_t)n_seq_max)
+        return sp_err(SP_E_INVALID, "%s: n_tokens %u is fewer than n_seq_max %d (one token each)", __func__, nt,
+                      n_seq_max);
+    const int th = n_threads ? n_threads : 1;
+    uint64_t env;
+    sp_status rc;
+    if ((rc = envelope_bytes(m, &env)) || (rc = sp_pager_apply(m->pager, env))) return rc;
+    const uint64_t bytes = batch_bytes(m, (uint32_t)n_seq_max, nt, th);
+    if ((rc = sp_budget_reserve(m->budget, SP_BUDGET_SCRATCH, bytes, "a batch's scratch and logits"))) return rc;
+    struct sp_batch *b = sp_calloc(1, sizeof *b);
+    if (!b) {
+        sp_budget_release(m->budget, SP_BUDGET_SCRATCH, bytes);
+        return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    }
+    b->model = m;
+    b->reserved = bytes;
+    b->n_seq_max = (uint32_t)n_seq_max;
+    b->n_tokens = nt;
+    b->tok = sp_malloc(nt * sizeof *b->tok);
+    b->n = sp_malloc(b->n_seq_max * sizeof *b->n);
+    b->seqs = sp_malloc(b->n_seq_max * sizeof *b->seqs);
+    b->segs = sp_malloc(b->n_seq_max * sizeof *b->segs);
+    b->logits = sp_malloc((size_t)b->n_seq_max * m->mf->hp.n_vocab * sizeof(float));
+    if (!b->tok || !b->n || !b->seqs || !b->segs || !b->logits) {
+        rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+        goto fail;
+    }
+    if ((rc = sp_fwd_init(m, 1, nt, th, &b->fwd))) goto fail;
+    *out = b;
+    return SP_OK;
+fail:
+    sp_batch_free(b);
+    return rc;
+}
+
+void sp_batch_free(struct sp_batch *b) {
+    if (!b) return;
+    sp_budget_release(b->model->budget, SP_BUDGET_SCRATCH, b->reserved);
+    sp_fwd_free(b->fwd);
+    sp_free(b->tok);
+    sp_free(b->n);
+    sp_free(b->seqs);
+    sp_free(b->segs);
+    sp_free(b->logits);
+    sp_free(b);
+}
+
+int32_t sp_batch_n_tokens(const struct sp_batch *b) {
+    return b ? (int32_t)b->n_tokens : 0;
+}
+
+sp_status sp_batch_decode(struct sp_batch *b, struct sp_session *const *sessions, const int32_t *const *tokens,
+                          const int32_t *n_tokens, int32_t n_seq) {
+    if (!b || !sessions || !tokens || !n_tokens)
+        return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    if (n_seq < 1 || (uint32_t)n_seq > b->n_seq_max)
+        return sp_err(SP_E_INVALID, "%s: %d sequences; the batch takes 1..%u", __func__, n_seq, b->n_seq_max);
+    const uint32_t n_vocab = b->model->mf->hp.n_vocab;
+    uint32_t total = 0;
+    for (int32_t i = 0; i < n_seq; i++) {
+        const struct sp_session *s = sessions[i];
+        if (!s || !tokens[i] || n_tokens[i] <= 0)
+            return sp_err(SP_E_INVALID, "%s: sequence %d: need a session and n > 0 tokens", __func__, i);
+        if (s->model != b->model)
+            return sp_err(SP_E_INVALID, "%s: sequence %d: the session is of another model", __func__, i);
+        for (int32_t j = 0; j < i; j++)
+            if (sessions[j] == s) return sp_err(SP_E_INVALID, "%s: sequences %d and %d are one session", __func__, j, i);
+        if ((uint64_t)total + (uint32_t)n_tokens[i] > b->n_tokens)
+            return sp_err(SP_E_INVALID, "%s: more than the batch's %u tokens in one step", __func__, b->n_tokens);
+        for (int32_t k = 0; k < n_tokens[i]; k++) {
+            const int32_t t = tokens[i][k];
+            if (t < 0 || (uint32_t)t >= n_vocab)
+                return sp_err(SP_E_INVALID, "%s: sequence %d: token %d at index %d is outside the vocabulary (%u)",
+                              __func__, i, t, k, n_vocab);
+            b->tok[total + (uint32_t)k] = t;
+        }
+        b->n[i] = (uint32_t)n_tokens[i];
+        b->seqs[i] = s->seq;
+        total += (uint32_t)n_tokens[i];
+    }
+    const sp_status rc = sp_seq_decode_batch(b->fwd, b->segs, b->seqs, b->tok, b->n, (uint32_t)n_seq, b->logits);
+    for (int32_t i = 0; i < n_seq; i++) {
+        struct sp_session *s = sessions[i];
+        if (rc) {
+            s->n_logits = 0;
+            continue;
+        }
+        sp_moe_trace_clear(s->seq->fwd);
+        for (int32_t k = 0; k < n_tokens[i]; k++) sp_sampler_accept(s->sampler, tokens[i][k]);
+        memcpy(s->logits, b->logits + (size_t)i * n_vocab, n_vocab * sizeof(float));
+        s->n_last = (uint32_t)n_tokens[i];
+        s->n_logits = 1;
+    }
+    return rc;
+}
+
 /* ---- saved sessions ------------------------------------------------------ */
 
 /* What a saved session must match: the architecture, the hyper-parameters,

@@ -328,16 +328,26 @@ static sp_status add_value_bias(struct sp_model *m, const struct sp_tensor_desc 
 
 sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const struct sp_kv_cells *c,
                      uint32_t c0, const int32_t *tokens, uint32_t n_tok, float *logits, bool all_logits) {
+    const struct sp_fwd_seg seg = {kv, c, c0, n_tok};
+    return sp_forward_batch(m, f, &seg, 1, tokens, logits, all_logits);
+}
+
+sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *segs, uint32_t n_seg,
+                           const int32_t *tokens, float *logits, bool all_logits) {
     const struct sp_hparams *hp = &m->mf->hp;
     const uint32_t E = hp->n_embd, hdk = hp->head_dim_k, hdv = hp->head_dim_v, F = hp->n_ff;
-    const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk;
+    const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk, VD = hp->n_kv_heads * hdv;
     const uint32_t OD = hp->n_heads * hdv;
     const float scale = 1.0f / sqrtf((float)hdk);
     sp_status rc = SP_OK;
-    SP_ASSERT(n_tok >= 1 && n_tok <= f->n_batch && c0 + n_tok <= c->n);
-    const int32_t *pos = c->pos + c0;
-    const bool rot_k = sp_kv_type_get(kv->g.type_k)->rotated, rot_v = sp_kv_type_get(kv->g.type_v)->rotated;
-    float kd[SP_KV_MAX_HEAD_DIM]; /* rot_k: the layer's key channel balance */
+    SP_ASSERT(n_seg >= 1 && (!all_logits || n_seg == 1));
+    uint32_t n_tok = 0;
+    for (uint32_t s = 0; s < n_seg; s++) {
+        SP_ASSERT(segs[s].n_tok >= 1 && segs[s].c0 + segs[s].n_tok <= segs[s].c->n);
+        n_tok += segs[s].n_tok;
+    }
+    SP_ASSERT(n_tok <= f->n_batch);
+    float kd[SP_KV_MAX_HEAD_DIM]; /* a q4h key cache: the layer's key channel balance */
 
     const float *freq_factors = NULL;
     if (m->rope_freqs) {
@@ -356,7 +366,7 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
     }
     for (uint32_t il = 0; il < hp->n_layers; il++) {
         const struct sp_layer_weights *L = &m->layers[il];
-        /* attention */
+        /* attention: the products over every row of the batch at once ... */
         TRY(norm(m, L->attn_norm, f->x, f->xb, E, n_tok));
         {
             const struct sp_tensor_desc *const qkv[] = {L->wq, L->wk, L->wv};
@@ -365,29 +375,41 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         }
         TRY(add_bias(m, L->bq, f->q, n_tok));
         TRY(add_bias(m, L->bk, f->k, n_tok));
-        TRY(add_bias(m, rot_v ? NULL : L->bv, f->v, n_tok)); /* rot_v: added to the output instead */
         TRY(head_norm(m, L->q_norm, f->q, hp->n_heads * n_tok, hdk));
         TRY(head_norm(m, L->k_norm, f->k, hp->n_kv_heads * n_tok, hdk));
-        if (rot_k && L->q_norm && L->k_norm && hdk <= SP_KV_MAX_HEAD_DIM) {
-            TRY(qk_balance(m, L, kd));
-            scale_channels(f->q, hp->n_heads * n_tok, hdk, kd, true);
-            scale_channels(f->k, hp->n_kv_heads * n_tok, hdk, kd, false);
+        /* ... and the positions, the cache writes and attention per sequence,
+         * each over its own cells: rows [r, r + n) of the batch are segs[s]'s.
+         * A rotated (q4h) cache takes the exact rewrites that leave its code
+         * less to carry: keys balanced against queries per channel, the
+         * value bias added to the output instead of to each value. */
+        for (uint32_t s = 0, r = 0; s < n_seg; r += segs[s].n_tok, s++) {
+            const struct sp_fwd_seg *g = &segs[s];
+            const int32_t *pos = g->c->pos + g->c0;
+            const bool rot_k = sp_kv_type_get(g->kv->g.type_k)->rotated;
+            const bool rot_v = sp_kv_type_get(g->kv->g.type_v)->rotated;
+            if (!rot_v && L->bv) TRY(add_bias(m, L->bv, f->v + (size_t)r * VD, g->n_tok));
+            if (rot_k && L->q_norm && L->k_norm && hdk <= SP_KV_MAX_HEAD_DIM) {
+                TRY(qk_balance(m, L, kd));
+                scale_channels(f->q + (size_t)r * QD, hp->n_heads * g->n_tok, hdk, kd, true);
+                scale_channels(f->k + (size_t)r * KD, hp->n_kv_heads * g->n_tok, hdk, kd, false);
+            }
+            for (uint32_t t = 0; t < g->n_tok; t++) {
+                sp_rope(f->q + (size_t)(r + t) * QD, hp->n_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
+                        hp->rope_freq_scale, hp->rope_neox, freq_factors);
+                sp_rope(f->k + (size_t)(r + t) * KD, hp->n_kv_heads, hdk, hp->rope_dims, (float)pos[t],
+                        hp->rope_theta, hp->rope_freq_scale, hp->rope_neox, freq_factors);
+            }
+            sp_kv_store(g->kv, g->c, g->c0, g->n_tok, il, f->k + (size_t)r * KD, f->v + (size_t)r * VD, f->pool);
+            sp_kv_attend(g->kv, g->c, il, f->q + (size_t)r * QD, g->n_tok, g->c0 + 1, scale,
+                         f->attn + (size_t)r * OD, f->pool, f->att);
+            if (rot_v && L->bv) TRY(add_value_bias(m, L->bv, f->attn + (size_t)r * OD, g->n_tok));
         }
-        for (uint32_t t = 0; t < n_tok; t++) {
-            sp_rope(f->q + (size_t)t * QD, hp->n_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
-                    hp->rope_freq_scale, hp->rope_neox, freq_factors);
-            sp_rope(f->k + (size_t)t * KD, hp->n_kv_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
-                    hp->rope_freq_scale, hp->rope_neox, freq_factors);
-        }
-        sp_kv_store(kv, c, c0, n_tok, il, f->k, f->v, f->pool);
-        sp_kv_attend(kv, c, il, f->q, n_tok, c0 + 1, scale, f->attn, f->pool, f->att);
-        if (rot_v && L->bv) TRY(add_value_bias(m, L->bv, f->attn, n_tok));
         TRY(sp_fwd_matmul(m, f, L->wo, f->attn, OD, n_tok, f->xb2, E));
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
         /* feed-forward: SwiGLU, or the experts */
         TRY(norm(m, L->ffn_norm, f->x, f->xb, E, n_tok));
         if (L->ffn_gate_inp) {
-            TRY(sp_moe_ffn(m, f, il, n_tok, (uint32_t)pos[0]));
+            TRY(sp_moe_ffn(m, f, il, n_tok, (uint32_t)segs[0].c->pos[segs[0].c0]));
         } else {
             const struct sp_tensor_desc *const gu[] = {L->ffn_gate, L->ffn_up};
             float *const out[] = {f->hb, f->hb2};
@@ -403,10 +425,21 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
     }
     if (logits) {
-        /* Output head: rows [first, n_tok) of the residual stream, one pass
-         * over the weight for all of them; row r lands at logits + r*n_vocab. */
-        const uint32_t first = all_logits ? 0 : n_tok - 1, n_out = n_tok - first;
-        TRY(norm(m, m->output_norm, f->x + (size_t)first * E, f->xb, E, n_out));
+        /* Output head, one pass over the weight for every row asked for:
+         * with all_logits (one sequence) each row, row r at logits +
+         * r*n_vocab; else each sequence's last row, sequence s's at logits +
+         * s*n_vocab. */
+        uint32_t n_out;
+        if (all_logits) {
+            n_out = n_tok;
+            TRY(norm(m, m->output_norm, f->x, f->xb, E, n_out));
+        } else {
+            n_out = n_seg;
+            for (uint32_t s = 0, r = 0; s < n_seg; s++) {
+                r += segs[s].n_tok;
+                TRY(norm(m, m->output_norm, f->x + (size_t)(r - 1) * E, f->xb + (size_t)s * E, E, 1));
+            }
+        }
         TRY(sp_fwd_matmul(m, f, m->output, f->xb, E, n_out, logits, hp->n_vocab));
     }
 #undef TRY

@@ -146,6 +146,27 @@ sp_status sp_fwd_matmul(struct sp_model *m, struct sp_fwd *f, const struct sp_te
 sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const struct sp_kv_cells *c,
                      uint32_t c0, const int32_t *tokens, uint32_t n_tok, float *logits, bool all_logits);
 
+/* One sequence's part of a batch: its n_tok tokens are cells [c0, c0 +
+ * n_tok) of c (appended by the caller), stored in and attending over kv. */
+struct sp_fwd_seg {
+    struct sp_kv_cache *kv;
+    const struct sp_kv_cells *c;
+    uint32_t c0;
+    uint32_t n_tok;
+};
+
+/* sp_forward over several sequences at once: segs[0]'s tokens first, then
+ * segs[1]'s, ... (tokens holds them all, at most n_batch in total).  Every
+ * weight product runs over all the rows together -- one pass over each
+ * weight for every sequence -- while positions, K/V stores and attention go
+ * per sequence over its own cells.  logits (or NULL) receives each
+ * sequence's last row, sequence s's at logits + s*n_vocab; all_logits (every
+ * row, as sp_forward) only with n_seg == 1.  With one segment it is
+ * sp_forward, bit for bit.  Never allocates; SP_E_IO as sp_forward (the
+ * cells of every segment are then incomplete). */
+sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *segs, uint32_t n_seg,
+                           const int32_t *tokens, float *logits, bool all_logits);
+
 /* Y = X W^T for rows [row0, row0 + n_rows) of weight t, pinned one pager
  * unit at a time (row0: 0 or the first row of an expert's slice). */
 sp_status sp_matmul_rows(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, uint64_t row0,

@@ -146,6 +146,18 @@ sp_status sp_seq_shift(struct sp_seq *s, uint32_t n) {
 
 /* ---- decode ------------------------------------------------------------------ */
 
+/* The context shift that makes room for nb more tokens (the cells are full):
+ * n_discard tokens after the sinks, or half of them, and at least enough. */
+static sp_status shift_for(struct sp_seq *s, uint32_t nb) {
+    const struct sp_seq_params *p = &s->p;
+    const struct sp_kv_cells *c = &s->cells;
+    const uint32_t after = c->n - SP_MIN(p->n_keep, c->n);
+    uint32_t d = p->n_discard ? p->n_discard : after / 2;
+    d = SP_MAX(d, c->n + nb - p->n_ctx);
+    d = SP_MIN(d, after);
+    return sp_seq_shift(s, d);
+}
+
 sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
                         uint32_t *n_done) {
     struct sp_kv_cells *c = &s->cells;
@@ -166,13 +178,7 @@ sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, flo
         const uint32_t nb = SP_MIN(p->n_batch, n - i);
         if (s->abort_fn && s->abort_fn(s->abort_user))
             return sp_err(SP_E_ABORTED, "decode aborted by the caller after %u of %u tokens", i, n);
-        if (c->n + nb > p->n_ctx) {
-            const uint32_t after = c->n - SP_MIN(p->n_keep, c->n);
-            uint32_t d = p->n_discard ? p->n_discard : after / 2;
-            d = SP_MAX(d, c->n + nb - p->n_ctx);
-            d = SP_MIN(d, after);
-            if ((rc = sp_seq_shift(s, d))) return rc;
-        }
+        if (c->n + nb > p->n_ctx && (rc = shift_for(s, nb))) return rc;
         const uint32_t c0 = c->n;
         if ((rc = sp_kv_cells_append(c, tokens + i, nb, s->next_pos))) return rc;
         const bool last = i + nb == n;
@@ -187,5 +193,52 @@ sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, flo
         i += nb;
         if (n_done) *n_done = i;
     }
+    return SP_OK;
+}
+
+/* ---- several sequences in one pass ------------------------------------------ */
+
+/* Make room for nb more tokens in s: SP_E_CONTEXT_FULL as sp_seq_decode, or
+ * a context shift when it is on. */
+static sp_status seq_room(struct sp_seq *s, uint32_t nb) {
+    const struct sp_seq_params *p = &s->p;
+    const struct sp_kv_cells *c = &s->cells;
+    if ((uint64_t)c->n + nb <= p->n_ctx) return SP_OK;
+    if (!p->ctx_shift || nb > p->n_ctx - SP_MIN(p->n_keep, p->n_ctx))
+        return sp_err(SP_E_CONTEXT_FULL, "%u tokens do not fit: %u of %u context positions are used", nb, c->n,
+                      p->n_ctx);
+    return shift_for(s, nb);
+}
+
+sp_status sp_seq_decode_batch(struct sp_fwd *f, struct sp_fwd_seg *segs, struct sp_seq *const *seqs,
+                              const int32_t *tokens, const uint32_t *n, uint32_t n_seq, float *logits) {
+    SP_ASSERT(n_seq >= 1);
+    uint32_t total = 0;
+    for (uint32_t i = 0; i < n_seq; i++) {
+        SP_ASSERT(n[i] >= 1 && seqs[i]->m == seqs[0]->m);
+        total += n[i];
+    }
+    SP_ASSERT(total <= f->n_batch);
+    sp_status rc = SP_OK;
+    /* every sequence must take its tokens before any cell is appended */
+    for (uint32_t i = 0; i < n_seq; i++)
+        if ((rc = seq_room(seqs[i], n[i]))) return rc;
+    uint32_t appended = 0;
+    for (uint32_t i = 0, off = 0; i < n_seq; off += n[i], i++, appended = i) {
+        struct sp_seq *s = seqs[i];
+        segs[i] = (struct sp_fwd_seg){s->kv, &s->cells, s->cells.n, n[i]};
+        if ((rc = sp_kv_cells_append(&s->cells, tokens + off, n[i], s->next_pos))) break;
+    }
+    struct sp_model *m = seqs[0]->m;
+    if (!rc) {
+        sp_pager_turn_begin(m->pager);
+        rc = sp_forward_batch(m, f, segs, n_seq, tokens, logits, false);
+        sp_pager_turn_end(m->pager);
+    }
+    if (rc) {
+        for (uint32_t i = 0; i < appended; i++) sp_kv_cells_truncate(&seqs[i]->cells, segs[i].c0);
+        return rc;
+    }
+    for (uint32_t i = 0; i < n_seq; i++) seqs[i]->next_pos += (int32_t)n[i];
     return SP_OK;
 }

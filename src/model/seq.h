@@ -60,6 +60,18 @@ void sp_seq_reset(struct sp_seq *s);
 sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
                         uint32_t *n_done);
 
+/* Decode n[i] tokens for each sequence seqs[i] (i < n_seq, all of one
+ * model, each at most once) in one forward pass with f's scratch (tokens:
+ * seqs[0]'s n[0] first, then seqs[1]'s, ...; sum of n <= f->n_batch), segs
+ * being room for n_seq entries.  logits receives each sequence's last row,
+ * seqs[i]'s at logits + i*n_vocab.  A sequence that is full shifts first
+ * when context shift is on; otherwise SP_E_CONTEXT_FULL and nothing is
+ * decoded for any of them; on SP_E_IO no sequence keeps the batch's cells.
+ * The abort callbacks are not consulted (one pass is one step).  Never
+ * allocates. */
+sp_status sp_seq_decode_batch(struct sp_fwd *f, struct sp_fwd_seg *segs, struct sp_seq *const *seqs,
+                              const int32_t *tokens, const uint32_t *n, uint32_t n_seq, float *logits);
+
 /* Keep the first n tokens (n <= held). */
 void sp_seq_truncate(struct sp_seq *s, uint32_t n);
 

@@ -25,6 +25,7 @@ SP_CLI_COMMAND(update);
 SP_CLI_COMMAND(patch);
 SP_CLI_COMMAND(edit);
 SP_CLI_COMMAND(template);
+SP_CLI_COMMAND(serve);
 #undef SP_CLI_COMMAND
 
 /* ---- what the package commands share (cmd_pack.c) ---------------------------- */

@@ -43,6 +43,7 @@ static void help_main(FILE *f) {
             "  edit       set metadata keys of a GGUF in place\n"
             "  template   render a conversation with a chat template (the model's, a Jinja\n"
             "             file or a named formatter) and print the prompt\n"
+            "  serve      serve the model over HTTP with OpenAI's API (batched slots)\n"
             "  help [COMMAND]  this text, or a command's options\n"
             "\n"
             "options:\n"
@@ -81,6 +82,7 @@ static const struct {
     {"patch", cmd_patch, help_patch},
     {"edit", cmd_edit, help_edit},
     {"template", cmd_template, help_template},
+    {"serve", cmd_serve, help_serve},
 };
 
 int main(int argc, char **argv) {
