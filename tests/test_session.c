@@ -139,7 +139,9 @@ static void test_save_load(void) {
     struct sp_session *d = session(m2, &sq), *e = session(m2, &small);
     if (!a || !b || !c || !d || !e) goto out2;
     CHECK(sp_decode(a, p, NP) == SP_OK);
-    const char *path = tmp_path("r.session"), *bad = tmp_path("bad.session");
+    char path[512], bad[512]; /* copies: tmp_path's buffers are reused by later calls */
+    snprintf(path, sizeof path, "%s", tmp_path("r.session"));
+    snprintf(bad, sizeof bad, "%s", tmp_path("bad.session"));
     CHECK(sp_session_save(a, path) == SP_OK);
     size_t n = 0;
     unsigned char *bytes = (unsigned char *)test_read_file(path, &n);
