@@ -35,11 +35,11 @@ for a in "$@"; do
 done
 
 # ---- packages -------------------------------------------------------------
-# The arm64 libpcre2/libcjson/libzstd/libssl (and with them libc6:arm64, whose loader
+# The arm64 libpcre2/libcjson/libzstd/libssl/libedit/libmicrohttpd (and with them libc6:arm64, whose loader
 # /lib/ld-linux-aarch64.so.1 qemu then uses) come from Debian's arm64
 # archive through multiarch; they install beside the amd64 ones.
 need=""
-for p in gcc-aarch64-linux-gnu libc6-dev-arm64-cross libpcre2-dev:arm64 libcjson-dev:arm64 libzstd-dev:arm64 libssl-dev:arm64; do
+for p in gcc-aarch64-linux-gnu libc6-dev-arm64-cross libpcre2-dev:arm64 libcjson-dev:arm64 libzstd-dev:arm64 libssl-dev:arm64 libedit-dev:arm64 libmicrohttpd-dev:arm64; do
     dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
 done
 command -v qemu-aarch64 >/dev/null 2>&1 || command -v qemu-aarch64-static >/dev/null 2>&1 || need="$need qemu-user"

@@ -33,7 +33,7 @@ static void use_tokenizer(const struct sp_vocab_data *v) {
     static const char text[] = "Once upon a time, <s> a \xe2\x96\x81 caf\xc3\xa9\n\t 42";
     int32_t ids[256];
     int32_t n = 0;
-    if (sp_tokenizer_encode(tok, text, sizeof text - 1, true, ids, 256, &n) == SP_OK) {
+    if (sp_tokenizer_encode(tok, text, sizeof text - 1, true, false, ids, 256, &n) == SP_OK) {
         char out[1024];
         size_t len;
         (void)sp_tokenizer_decode(tok, ids, n, out, sizeof out, &len);
