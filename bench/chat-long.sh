@@ -9,9 +9,10 @@
 # resident set (VmRSS, read after each answer) drifts less than 1% between
 # turn 10 and turn TURNS.  Prints the CPU and load first and last and a line
 # per turn.  About half an hour on a 2-core machine, more when shared.
+# The chat runs at nice NICE (default 19: it yields to other work).
 # The model is $SPARROW_SCRATCH/qwen3-30b-a3b-q4_0.gguf (default ../scratch),
 # written with `sparrow synth` if absent: about 17 GB, so check the free
-# space first (df -h).  Needs root (a cgroup v2 memory group) and python3.
+# space first (df -h).  Needs root (a memory cgroup, v2 or v1: bench/cgroup.sh) and python3.
 #   usage: bench/chat-long.sh [TURNS]
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,34 +26,31 @@ threads=${THREADS:-$(nproc)}
 model=${MODEL:-$scratch/qwen3-30b-a3b-q4_0.gguf}
 [ -x "$SPARROW" ] || { echo "chat-long: $SPARROW not built (make)" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "chat-long: needs root (a memory cgroup)" >&2; exit 2; }
-grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null ||
-    { echo "chat-long: no cgroup v2 memory controller" >&2; exit 2; }
+. "$root/bench/cgroup.sh"
+cg_init sparrow-chat-long || { echo "chat-long: no memory cgroup controller (neither v2 nor v1)" >&2; exit 2; }
 if [ ! -f "$model" ]; then
     echo "chat-long: writing $model ($(df -h "$scratch" | awk 'NR == 2 { print $4 }') free)"
     nice -n 19 "$SPARROW" synth --shape qwen3-30b-a3b --type q4_0 -o "$model"
 fi
 bytes() { awk -v s="$1" 'BEGIN { u = substr(s, length(s)); v = substr(s, 1, length(s) - 1);
     m = u == "G" ? 1073741824 : u == "M" ? 1048576 : 1; if (m == 1) v = s; printf "%.0f", v * m }'; }
-CG=/sys/fs/cgroup/sparrow-chat-long.$$
-mkdir "$CG"
-trap 'rmdir "$CG" 2>/dev/null || true' EXIT
+trap cg_remove EXIT
 trap 'exit 1' INT TERM
-bytes "$LIMIT" >"$CG/memory.max"
-[ -f "$CG/memory.swap.max" ] && echo 0 >"$CG/memory.swap.max"
+cg_make "$(bytes "$LIMIT")"
 
 echo "chat-long: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, $threads threads"
 echo "chat-long: load at start: $(uptime | sed 's/.*load average: //')"
-echo "chat-long: $model, cgroup $LIMIT, --mem-budget $BUDGET, -c 2048, $turns turns"
+echo "chat-long: $model, cgroup v$CGV $LIMIT, --mem-budget $BUDGET, -c 2048, $turns turns"
 st=0
-python3 - "$SPARROW" "$model" "$CG" "$turns" "$BUDGET" "$(bytes "$BUDGET")" "$threads" <<'EOF' || st=$?
+python3 - "$SPARROW" "$model" "$CG" "$turns" "$BUDGET" "$(bytes "$BUDGET")" "$threads" "$CGV" "${NICE:-19}" <<'EOF' || st=$?
 import json, subprocess, sys, time
-sparrow, model, cg, turns, budget, budget_bytes, threads = sys.argv[1:8]
+sparrow, model, cg, turns, budget, budget_bytes, threads, cgv, nice = sys.argv[1:10]
 turns, budget_bytes = int(turns), int(budget_bytes)
 words = ("the device keeps every weight it can in memory and streams the rest from storage while it "
          "computes so a model larger than the memory can still answer questions about the world").split()
 def message(t):  # about 100 tokens: 70 words
     return "Turn %d. " % t + " ".join(words[(t + i) % len(words)] for i in range(70))
-cmd = ["nice", "-n", "19", "sh", "-c", 'echo $$ > "$0/cgroup.procs"; shift; exec "$@"', cg, "--",
+cmd = ["nice", "-n", nice, "sh", "-c", 'echo $$ > "$0/cgroup.procs"; exec "$@"', cg,
        sparrow, "chat", "-m", model, "--json", "--context-shift", "--keep", "4", "-c", "2048", "-n", "64",
        "--mem-budget", budget, "--seed", "1", "-t", threads, "--chat-template", "chatml"]
 p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
@@ -78,9 +76,10 @@ for t in range(1, turns + 1):
 p.stdin.close()
 rc = p.wait()
 if rc != 0: bad.append("chat exited %d" % rc)
-events = dict(l.split() for l in open(cg + "/memory.events"))
+v2 = cgv == "2"
+events = dict(l.split()[:2] for l in open(cg + ("/memory.events" if v2 else "/memory.oom_control")))
 if int(events.get("oom_kill", 0)): bad.append("the cgroup OOM-killed it")
-peak = int(open(cg + "/memory.peak").read())
+peak = int(open(cg + ("/memory.peak" if v2 else "/memory.max_usage_in_bytes")).read())
 print("cgroup peak %.1f MiB, budget %.1f MiB" % (peak / 1048576, budget_bytes / 1048576))
 if peak > budget_bytes: bad.append("cgroup peak %d > budget %d" % (peak, budget_bytes))
 r10 = [r for t, r in rows if t == 10]

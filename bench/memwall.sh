@@ -75,45 +75,17 @@ done
 [ "$(id -u)" = 0 ] || { echo "memwall.sh: needs root (cgroups, drop_caches)" >&2; exit 2; }
 
 # ---- the cgroup ----------------------------------------------------------
-if [ -f /sys/fs/cgroup/cgroup.controllers ] && grep -qw memory /sys/fs/cgroup/cgroup.controllers; then
-    CGV=2
-    CG=/sys/fs/cgroup/sparrow-memwall.$$
-elif [ -d /sys/fs/cgroup/memory ]; then
-    CGV=1
-    CG=/sys/fs/cgroup/memory/sparrow-memwall.$$
-else
-    echo "memwall.sh: no memory cgroup controller (neither v2 nor v1)" >&2
-    exit 2
-fi
+. "$(dirname "$0")/cgroup.sh"
+cg_init sparrow-memwall || { echo "memwall.sh: no memory cgroup controller (neither v2 nor v1)" >&2; exit 2; }
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/sparrow-memwall.XXXXXX")
 cleanup() {
     if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$tmp"/* "$KEEP"/ 2>/dev/null || true; fi
     rm -rf "$tmp"
-    [ -d "$CG" ] && rmdir "$CG" 2>/dev/null || true
+    cg_remove
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-cg_make() { # a fresh group: limit set, peak reset
-    [ -d "$CG" ] && rmdir "$CG" 2>/dev/null || true
-    mkdir "$CG"
-    if [ $CGV = 2 ]; then
-        echo "$LIMIT" > "$CG/memory.max"
-        [ -f "$CG/memory.swap.max" ] && echo 0 > "$CG/memory.swap.max"
-    else
-        echo "$LIMIT" > "$CG/memory.limit_in_bytes"
-        [ -f "$CG/memory.memsw.limit_in_bytes" ] && echo "$LIMIT" > "$CG/memory.memsw.limit_in_bytes" 2>/dev/null || true
-        echo 0 > "$CG/memory.max_usage_in_bytes" 2>/dev/null || true
-    fi
-}
-cg_peak() {
-    if [ $CGV = 2 ]; then cat "$CG/memory.peak" 2>/dev/null || echo null
-    else cat "$CG/memory.max_usage_in_bytes"; fi
-}
-cg_oom() { # 1 if the group OOM-killed something
-    if [ $CGV = 2 ]; then awk '$1 == "oom_kill" { print ($2 > 0) }' "$CG/memory.events"
-    else awk '$1 == "oom_kill" { print ($2 > 0) }' "$CG/memory.oom_control"; fi
-}
 drop_caches() {
     sync
     echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "memwall.sh: warning: cannot drop the page cache" >&2
@@ -141,7 +113,7 @@ echo "storage: O_DIRECT read, best of 3 passes $READ_GBPS GB/s (median $READ_MED
 
 # ---- Sparrow ------------------------------------------------------------------
 drop_caches
-cg_make
+cg_make "$LIMIT"
 set +e
 # shellcheck disable=SC2086
 in_cg "$SPARROW" bench -m "$MODEL" --mem-budget "$BUDGET" -d "$DEPTH" -p "$N_PROMPT" -n "$N_GEN" -r 1 -t "$THREADS" --json \
@@ -156,7 +128,7 @@ if [ -n "${LLAMA_BENCH:-}" ]; then
     peer_pp="-p $N_PROMPT"
     [ "$DEPTH" -gt 0 ] && peer_pp="-d $DEPTH -p 0"
     drop_caches
-    cg_make
+    cg_make "$LIMIT"
     set +e
     # shellcheck disable=SC2086
     in_cg timeout "$PEER_TIMEOUT" "$RUNIO" -o "$tmp/peer-default.io" -- "$LLAMA_BENCH" -m "$MODEL" \
@@ -194,7 +166,7 @@ EOF2
         peer_ctx="-c $((n_mmap + N_GEN))"
     fi
     drop_caches
-    cg_make
+    cg_make "$LIMIT"
     set +e
     # shellcheck disable=SC2086
     in_cg timeout "$PEER_TIMEOUT" "$RUNIO" -o "$tmp/peer-mmap.io" -- "$LLAMA_COMPLETION" -m "$MODEL" -nr \
