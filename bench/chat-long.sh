@@ -1,8 +1,8 @@
 #!/bin/sh
 # bench/chat-long.sh -- issue 16, acceptance 3: a long chat inside the memory
-# wall.  TURNS (50) scripted user turns of about 100 tokens, answers capped
-# at 64, through `sparrow chat --json --context-shift` on synthetic
-# qwen3-30b-a3b Q4_0 in a memory cgroup of LIMIT (8G) with --mem-budget
+# wall.  TURNS (50) scripted user turns of about 100 tokens (the words per
+# turn are set from the model's tokenizer), answers capped at 64, through
+# `sparrow chat --json --context-shift` on synthetic qwen3-30b-a3b Q4_0 in a memory cgroup of LIMIT (8G) with --mem-budget
 # BUDGET (7.5G) and -c 2048, so that it runs well past the context (about
 # 160 positions a turn).  Checks: every turn answers (no error line, the
 # process exits 0, no OOM kill), the cgroup's peak <= the budget, and the
@@ -48,8 +48,14 @@ sparrow, model, cg, turns, budget, budget_bytes, threads, cgv, nice = sys.argv[1
 turns, budget_bytes = int(turns), int(budget_bytes)
 words = ("the device keeps every weight it can in memory and streams the rest from storage while it "
          "computes so a model larger than the memory can still answer questions about the world").split()
-def message(t):  # about 100 tokens: 70 words
-    return "Turn %d. " % t + " ".join(words[(t + i) % len(words)] for i in range(70))
+def message(t, n):
+    return "Turn %d. " % t + " ".join(words[(t + i) % len(words)] for i in range(n))
+# about 100 tokens a turn with this model's vocabulary (70 words of English are
+# ~100 tokens for a real tokenizer, several times more for a synthetic one)
+ids = subprocess.run([sparrow, "tokenize", "-m", model, "--no-bos", message(1, 70)], capture_output=True,
+                     text=True, check=True).stdout.split()
+n_words = max(4, round(70 * 100 / max(1, len(ids))))
+print("chat-long: %d words a turn (70 words are %d tokens here)" % (n_words, len(ids)), flush=True)
 cmd = ["nice", "-n", nice, "sh", "-c", 'echo $$ > "$0/cgroup.procs"; exec "$@"', cg,
        sparrow, "chat", "-m", model, "--json", "--context-shift", "--keep", "4", "-c", "2048", "-n", "64",
        "--mem-budget", budget, "--seed", "1", "-t", threads, "--chat-template", "chatml"]
@@ -61,7 +67,7 @@ bad, rows = [], []
 print("turn  decoded  generated  n_past  ttft_s  decode_tps  rss_MiB  wall_s")
 for t in range(1, turns + 1):
     t0 = time.time()
-    p.stdin.write(json.dumps({"role": "user", "content": message(t)}) + "\n")
+    p.stdin.write(json.dumps({"role": "user", "content": message(t, n_words)}) + "\n")
     p.stdin.flush()
     line = p.stdout.readline()
     if not line:
