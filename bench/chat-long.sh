@@ -2,7 +2,8 @@
 # bench/chat-long.sh -- issue 16, acceptance 3: a long chat inside the memory
 # wall.  TURNS (50) scripted user turns of about 100 tokens (the words per
 # turn are set from the model's tokenizer), answers capped at 64, through
-# `sparrow chat --json --context-shift` on synthetic qwen3-30b-a3b Q4_0 in a memory cgroup of LIMIT (8G) with --mem-budget
+# `sparrow chat --json --context-shift` on synthetic qwen3-30b-a3b Q4_0 in a
+# memory cgroup of LIMIT (8G) with --mem-budget
 # BUDGET (7.5G) and -c 2048, so that it runs well past the context (about
 # 160 positions a turn).  Checks: every turn answers (no error line, the
 # process exits 0, no OOM kill), the cgroup's peak <= the budget, and the
