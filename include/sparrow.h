@@ -104,6 +104,15 @@ enum sp_weight_mode { SP_WEIGHTS_AUTO = 0, SP_WEIGHTS_MMAP = 1, SP_WEIGHTS_LOAD 
  * (blocks of 32 rotated by a Walsh-Hadamard transform, non-uniform 4-bit
  * levels), for q4_0's size at a fraction of its error.  The quantized types
  * need head sizes that are multiples of 32. */
+/* How a memory budget's expert cache (MoE models whose experts stream)
+ * chooses what to give up.  NEXT_USE (the default) evicts the expert slice
+ * whose next use is expected furthest away, from where its layer is in the
+ * forward pass's cycle and from the routing seen so far (popular experts,
+ * experts reused from one token to the next); LRU evicts the least recently
+ * used, as before (docs/MEMORY.md, "The expert cache"). */
+enum sp_expert_cache { SP_EXPERT_CACHE_AUTO = 0, SP_EXPERT_CACHE_NEXT_USE = 1, SP_EXPERT_CACHE_LRU = 2,
+                       SP_EXPERT_CACHE_COUNT };
+
 enum sp_kv_type { SP_KV_F32 = 0, SP_KV_F16 = 1, SP_KV_Q8_0 = 2, SP_KV_Q4_0 = 3, SP_KV_Q4H = 4, SP_KV_TYPE_COUNT };
 
 struct sp_model_params {
@@ -133,6 +142,8 @@ struct sp_model_params {
     int32_t n_threads;          /* 0 = one (scratch grows a little with threads) */
     enum sp_kv_type kv_type_k;  /* default F16 */
     enum sp_kv_type kv_type_v;  /* default F16 */
+    enum sp_expert_cache expert_cache; /* with a budget that streams experts: the cache's
+                                   policy; default (AUTO) NEXT_USE */
 };
 struct sp_model_params sp_model_default_params(void);
 

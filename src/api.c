@@ -117,6 +117,10 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
         goto fail;
     }
     if ((rc = sp_tokenizer_init(&m->mf->vocab, &m->tok))) goto fail;
+    if ((unsigned)p.expert_cache >= SP_EXPERT_CACHE_COUNT) {
+        rc = sp_err(SP_E_INVALID, "%s: unknown expert cache policy %d", __func__, (int)p.expert_cache);
+        goto fail;
+    }
     if ((unsigned)p.weights >= SP_WEIGHTS_MODE_COUNT) {
         rc = sp_err(SP_E_INVALID, "%s: unknown weight mode %d", __func__, (int)p.weights);
         goto fail;
@@ -146,6 +150,7 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
             .n_experts_used = m->mf->hp.n_experts_used,
             .order = m->order,
             .n_order = m->n_order,
+            .expert_cache = p.expert_cache,
             .repack = true,
             .by_rows = m->tok_embd,
         };

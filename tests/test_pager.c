@@ -170,10 +170,13 @@ static const char *tokenizer_for(const char *path) {
 /* Load path with a budget of (n_seq sessions + `weights` bytes) under the
  * tight tuning, the envelope declaring those sessions, and create one
  * session.  NULL on failure (counted). */
+static enum sp_expert_cache expert_cache; /* the policy budgeted loads use */
+
 static struct sp_model *load_tight_n(const char *path, uint64_t weights, struct sp_session **sess, int32_t n_seq) {
     struct sp_session_params sp = test_session();
     struct sp_model_params mp = sp_model_default_params();
     mp.tokenizer_path = tokenizer_for(path);
+    mp.expert_cache = expert_cache;
     mp.n_ctx = sp.n_ctx;
     mp.n_seq = n_seq;
     struct sp_model *m = NULL;
@@ -486,6 +489,11 @@ int main(void) {
     test_forward_under_budget("models/stories260K-moe/stories260K-moe-q8_0.gguf", 512 * 1024);
     test_forward_under_budget("models/tiny-qwen/tiny-qwen3moe-f32.gguf", 768 * 1024);
     test_forward_under_budget("models/tiny-qwen/tiny-qwen3moe-q8_0.gguf", 512 * 1024);
+    /* the expert cache's policy changes what is read, never the logits */
+    expert_cache = SP_EXPERT_CACHE_LRU;
+    test_forward_under_budget("models/stories260K-moe/stories260K-moe-f32.gguf", 1024 * 1024);
+    test_forward_under_budget("models/tiny-qwen/tiny-qwen3moe-q8_0.gguf", 512 * 1024);
+    expert_cache = SP_EXPERT_CACHE_AUTO;
     test_too_small("models/stories260K/stories260K-f32.gguf");
     test_tiny_streams_untuned("models/stories260K-moe/stories260K-moe-f32.gguf", 7u << 20);
     test_tiny_streams_untuned("models/stories260K/stories260K-f32.gguf", 5u << 20);

@@ -26,12 +26,16 @@
  *                                           \--read error--> ERROR
  *   READY/ERROR with refs == 0 may be reassigned (eviction) by the pool's
  *   policy: RING reuses slots whose unit was consumed (pinned since it was
- *   read), then the prefetched unit furthest ahead; EXPERT and ROWS evict the
- *   least recently used.  Prefetched slots get a fresh use time when issued.
+ *   read), then the prefetched unit furthest ahead; EXPERT evicts by the
+ *   next-use policy (xcache.h; or the least recently used, cfg.expert_cache),
+ *   keeping the slices the router chose for the layer now served until they
+ *   are pinned; ROWS evicts the least recently used.  Prefetched slots get a
+ *   fresh use time when issued.
  */
 #include "pager.h"
 
 #include "core/file.h"
+#include "mem/xcache.h"
 #include "quant/quant.h"
 
 #include <errno.h>
@@ -40,6 +44,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -48,6 +53,7 @@
 #define ALIGN ((uint64_t)SP_PLAN_IO_ALIGN)
 #define IO_CHUNK ((uint64_t)8 << 20)
 #define DEFAULT_IO_THREADS 8u
+#define X_WINDOW 128u /* expert slots the next-use policy ranks per eviction */
 
 enum slot_state { SLOT_FREE = 0, SLOT_LOADING, SLOT_READY, SLOT_ERROR };
 enum pool_id { POOL_RING = 0, POOL_EXPERT, POOL_ROWS, POOL_COUNT };
@@ -65,6 +71,8 @@ struct slot {
     int err;
     uint64_t err_off; /* SLOT_ERROR: the file offset whose read failed */
     uint64_t last_use;
+    uint32_t xl, xe; /* expert slots under the next-use policy: the unit's layer and expert */
+    uint64_t xguess; /* prefetched on a guess for that visit of its layer (0: not a guess) */
 };
 
 struct pool {
@@ -127,6 +135,11 @@ struct sp_pager {
     pthread_mutex_t turn; /* one forward pass at a time (sp_pager_turn_begin) */
     struct sp_pager_stats st;
     struct sp_pager_tuning tune;
+    /* the expert pool's next-use policy (NULL: LRU) */
+    struct sp_xcache *xc;
+    int32_t *t_layer;       /* (n_tensors) layer of each streamed expert tensor, else -1 */
+    uint64_t x_guess_issued, x_guess_used; /* expert slices prefetched on a guess; of those, used */
+    uint32_t x_filled, x_cursor;            /* expert slots filled once; where the next window starts */
 };
 
 static double now_s(void) {
@@ -609,6 +622,43 @@ static sp_status load_pinned(struct sp_pager *pg) {
     return SP_OK;
 }
 
+/* The layer a tensor named "blk.N...." belongs to, or -1. */
+static int32_t layer_of_name(const char *name) {
+    if (strncmp(name, "blk.", 4) != 0) return -1;
+    char *end;
+    const long l = strtol(name + 4, &end, 10);
+    return end != name + 4 && *end == '.' && l >= 0 && l < 4096 ? (int32_t)l : -1;
+}
+
+/* The next-use policy for the expert pool, unless LRU was asked for or no
+ * expert streams.  Needs every streamed expert tensor's layer from its name. */
+static sp_status expert_policy_init(struct sp_pager *pg) {
+    const struct sp_model_file *mf = pg->mf;
+    if (pg->cfg.expert_cache == SP_EXPERT_CACHE_LRU || !pg->plan.expert_slots || pg->cfg.n_experts < 2) return SP_OK;
+    pg->t_layer = sp_malloc((size_t)mf->n_tensors * sizeof *pg->t_layer);
+    if (!pg->t_layer) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    int32_t n_layers = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        pg->t_layer[i] = -1;
+        if (pg->plan.t[i].place != SP_PLACE_EXPERT) continue;
+        const int32_t l = layer_of_name(mf->tensors[i].name);
+        if (l < 0 || pg->plan.t[i].units_per_expert == 0) { /* not a layout the policy knows: LRU */
+            sp_free(pg->t_layer);
+            pg->t_layer = NULL;
+            return SP_OK;
+        }
+        pg->t_layer[i] = l;
+        n_layers = SP_MAX(n_layers, l + 1);
+    }
+    return n_layers ? sp_xcache_new((uint32_t)n_layers, pg->cfg.n_experts, &pg->xc) : SP_OK;
+}
+
+/* Expert slices of unit u of tensor i are used (counted once per use). */
+static void expert_used(struct sp_pager *pg, uint32_t i, uint32_t u) {
+    if (pg->xc && pg->t_layer[i] >= 0)
+        sp_xcache_use(pg->xc, (uint32_t)pg->t_layer[i], u / pg->plan.t[i].units_per_expert);
+}
+
 static sp_status apply_plan(struct sp_pager *pg) {
     const struct sp_model_file *mf = pg->mf;
     struct sp_plan *p = &pg->plan;
@@ -637,6 +687,7 @@ static sp_status apply_plan(struct sp_pager *pg) {
     if (!pg->unit_slot || !pg->unit_sched) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     for (uint32_t u = 0; u < pg->n_units; u++) pg->unit_slot[u] = pg->unit_sched[u] = -1;
     if ((rc = build_schedule(pg))) return rc;
+    if ((rc = expert_policy_init(pg))) return rc;
 
     const uint32_t counts[POOL_COUNT] = {p->ring_slots, p->expert_slots, p->row_slots};
     const uint64_t sizes[POOL_COUNT] = {p->ring_slot_bytes, p->expert_slot_bytes, p->row_slot_bytes};
@@ -709,6 +760,12 @@ static void unapply(struct sp_pager *pg) {
     sp_free(pg->slots);
     sp_free(pg->q);
     sp_free(pg->wtype);
+    sp_xcache_free(pg->xc);
+    sp_free(pg->t_layer);
+    pg->xc = NULL;
+    pg->t_layer = NULL;
+    pg->x_guess_issued = pg->x_guess_used = 0;
+    pg->x_filled = pg->x_cursor = 0;
     pg->io = NULL;
     pg->n_io = 0;
     pg->stop = pg->streaming = pg->applied = false;
@@ -830,8 +887,24 @@ static void unit_of(const struct sp_pager *pg, uint32_t i, uint64_t off, uint32_
 static int32_t pick_victim(struct sp_pager *pg, int k, bool for_prefetch, int32_t near_sched) {
     const struct pool *po = &pg->pools[k];
     int32_t best = -1;
+    double best_first = 0; /* the next-use policy's score; ties (and the other policies) by score */
     uint64_t best_score = 0;
-    for (uint32_t s = po->first; s < po->first + po->n; s++) {
+    const bool next_use = k == POOL_EXPERT && pg->xc;
+    const double guess_rate = (double)(pg->x_guess_used + 1) / (double)(pg->x_guess_issued + 2);
+    /* The next-use policy, once the pool is full, ranks a window of
+     * X_WINDOW slots from a rotating cursor (the best of them is close to
+     * the best of all, and ranking every slot per miss cost more than the
+     * matmuls of a small model); a window with no candidate falls back to
+     * all slots. */
+    uint32_t from = 0, n = po->n;
+    if (next_use && pg->x_filled >= po->n && po->n > X_WINDOW) {
+        from = pg->x_cursor % po->n;
+        n = X_WINDOW;
+        pg->x_cursor = from + X_WINDOW;
+    }
+again:
+    for (uint32_t j = 0; j < n; j++) {
+        const uint32_t s = po->first + (from + j) % po->n;
         const struct slot *sl = &pg->slots[s];
         if (sl->refs || sl->state == SLOT_LOADING) continue;
         if (sl->state == SLOT_FREE || sl->state == SLOT_ERROR) return (int32_t)s;
@@ -852,10 +925,25 @@ static int32_t pick_victim(struct sp_pager *pg, int k, bool for_prefetch, int32_
             if (fresh && for_prefetch) continue;
             score = UINT64_MAX - sl->last_use; /* least recently used */
         }
-        if (best < 0 || score > best_score) {
+        double first = 0;
+        if (next_use) {
+            /* chosen for the layer now served and not pinned yet: keep it */
+            first = sl->counted ? -1.0
+                                : sp_xcache_evict_score(pg->xc, sl->xl, sl->xe,
+                                                        sl->prefetched && !sl->used &&
+                                                            sl->xguess > sp_xcache_visits(pg->xc, sl->xl),
+                                                        guess_rate);
+        }
+        if (best < 0 || first > best_first || (first == best_first && score > best_score)) {
             best = (int32_t)s;
+            best_first = first;
             best_score = score;
         }
+    }
+    if (best < 0 && n < po->n) {
+        from = 0;
+        n = po->n;
+        goto again;
     }
     return best;
 }
@@ -864,6 +952,7 @@ static int32_t pick_victim(struct sp_pager *pg, int k, bool for_prefetch, int32_
 static void start_read(struct sp_pager *pg, int32_t s, int64_t key, uint32_t i, uint64_t start, uint64_t len,
                        bool prefetch) {
     struct slot *sl = &pg->slots[s];
+    if (sl->pool == POOL_EXPERT && sl->state == SLOT_FREE && sl->key < 0) pg->x_filled++;
     /* forget the unit this slot held -- unless another slot holds it now (a
      * unit whose read failed here may have been read again elsewhere) */
     if (sl->key >= 0 && sl->pool != POOL_ROWS && pg->unit_slot[sl->key] == s) pg->unit_slot[sl->key] = -1;
@@ -882,7 +971,13 @@ static void start_read(struct sp_pager *pg, int32_t s, int64_t key, uint32_t i, 
     sl->counted = false;
     sl->last_use = ++pg->tick;
     if (sl->pool != POOL_ROWS) pg->unit_slot[key] = s;
+    if (sl->pool == POOL_EXPERT && pg->xc) {
+        sl->xl = (uint32_t)pg->t_layer[i];
+        sl->xe = (uint32_t)(key - pg->first_unit[i]) / pg->plan.t[i].units_per_expert;
+        sl->xguess = prefetch ? sp_xcache_visits(pg->xc, sl->xl) + 1 : 0;
+    }
     if (prefetch) pg->st.prefetch_issued++;
+    if (prefetch && sl->pool == POOL_EXPERT) pg->x_guess_issued++;
     enqueue(pg, (struct io_req){.dst = sl->buf, .off = a, .len = span, .need = end - a, .slot = s}, !prefetch);
 }
 
@@ -934,6 +1029,7 @@ static sp_status pin_streamed(struct sp_pager *pg, uint32_t i, uint64_t off, uin
         key = pg->first_unit[i] + u;
     }
     pthread_mutex_lock(&pg->mu);
+    if (k == POOL_EXPERT) expert_used(pg, i, u);
     int32_t s = -1;
     if (rows) {
         for (uint32_t j = pg->pools[k].first; j < pg->pools[k].first + pg->pools[k].n; j++) {
@@ -984,7 +1080,10 @@ static sp_status pin_streamed(struct sp_pager *pg, uint32_t i, uint64_t off, uin
                       __func__, pg->mf->path, (unsigned long long)err_off, t->name, (unsigned long long)start,
                       (unsigned long long)len, strerror(err));
     }
-    if (sl->prefetched && !sl->used) pg->st.prefetch_used++;
+    if (sl->prefetched && !sl->used) {
+        pg->st.prefetch_used++;
+        if (k == POOL_EXPERT) pg->x_guess_used++;
+    }
     sl->used = true;
     sl->last_use = ++pg->tick;
     if (k == POOL_RING) {
@@ -1062,53 +1161,74 @@ uint32_t sp_pager_wtype(const struct sp_pager *pg, const struct sp_tensor_desc *
 
 /* Hints (see pager.h).  certain: the units will be pinned next, so they are
  * read like demand misses (prefetch slots may be taken) and counted as the
- * expert lookups; otherwise a guess that takes only slots nobody needs. */
-static void hint(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes, bool certain) {
+ * expert lookups; otherwise a guess that takes only slots nobody needs.
+ * pass 1 (certain only): the units already resident are counted and so kept
+ * from eviction; pass 2: the missing ones are read.  Doing the whole batch's
+ * hits first matters: a miss must not evict a unit needed later in the same
+ * batch (the next-use policy ranks a layer's own experts furthest away). */
+static void hint_spans(struct sp_pager *pg, const struct sp_pager_span *sp, uint32_t n_spans, bool certain) {
     if (!pg->streaming) return;
-    const uint32_t i = (uint32_t)tensor_index(pg, t);
-    const struct sp_plan_tensor *pt = &pg->plan.t[i];
-    if (pt->place != SP_PLACE_EXPERT && pt->place != SP_PLACE_RING) return;
-    const uint64_t end = SP_MIN(t->size, off + nbytes);
-    const int k = pt->place == SP_PLACE_EXPERT ? POOL_EXPERT : POOL_RING;
     pthread_mutex_lock(&pg->mu);
-    while (off < end) {
-        uint32_t u;
-        uint64_t start, len;
-        unit_of(pg, i, off, &u, &start, &len);
-        const uint32_t gu = pg->first_unit[i] + u;
-        const int32_t have = pg->unit_slot[gu];
-        if (have >= 0 && pg->slots[have].state != SLOT_ERROR) {
-            struct slot *sl = &pg->slots[have];
-            sl->last_use = ++pg->tick; /* wanted soon: keep it */
-            if (certain && k == POOL_EXPERT && !sl->counted) {
-                pg->st.expert_pins++;
-                pg->st.expert_hits++;
-                sl->counted = true;
-            }
-            if (certain && sl->prefetched && !sl->used) {
-                pg->st.prefetch_used++;
-                sl->used = true;
-            }
-        } else {
-            const int32_t s = pick_victim(pg, k, !certain, -1);
-            if (s < 0) break;
-            start_read(pg, s, gu, i, start, len, !certain);
-            if (certain && k == POOL_EXPERT) {
-                pg->st.expert_pins++; /* a miss: read now, ahead of its pin */
-                pg->slots[s].counted = true;
+    for (int pass = certain ? 1 : 2; pass <= 2; pass++) {
+        for (uint32_t j = 0; j < n_spans; j++) {
+            const struct sp_tensor_desc *t = sp[j].t;
+            const uint32_t i = (uint32_t)tensor_index(pg, t);
+            const struct sp_plan_tensor *pt = &pg->plan.t[i];
+            if (pt->place != SP_PLACE_EXPERT && pt->place != SP_PLACE_RING) continue;
+            const int k = pt->place == SP_PLACE_EXPERT ? POOL_EXPERT : POOL_RING;
+            const uint64_t end = SP_MIN(t->size, sp[j].off + sp[j].n);
+            for (uint64_t off = sp[j].off; off < end;) {
+                uint32_t u;
+                uint64_t start, len;
+                unit_of(pg, i, off, &u, &start, &len);
+                off = start + len;
+                const uint32_t gu = pg->first_unit[i] + u;
+                const int32_t have = pg->unit_slot[gu];
+                const bool resident = have >= 0 && pg->slots[have].state != SLOT_ERROR;
+                if (pass == 1) {
+                    if (k == POOL_EXPERT) expert_used(pg, i, u);
+                    if (!resident) continue;
+                    struct slot *sl = &pg->slots[have];
+                    sl->last_use = ++pg->tick; /* wanted soon: keep it */
+                    if (k == POOL_EXPERT && !sl->counted) {
+                        pg->st.expert_pins++;
+                        pg->st.expert_hits++;
+                        sl->counted = true;
+                    }
+                    if (sl->prefetched && !sl->used) {
+                        pg->st.prefetch_used++;
+                        if (k == POOL_EXPERT) pg->x_guess_used++;
+                        sl->used = true;
+                    }
+                } else if (resident) {
+                    if (!certain) pg->slots[have].last_use = ++pg->tick; /* wanted soon: keep it */
+                } else {
+                    const int32_t s = pick_victim(pg, k, !certain, -1);
+                    if (s < 0) break;
+                    start_read(pg, s, gu, i, start, len, !certain);
+                    if (certain && k == POOL_EXPERT) {
+                        pg->st.expert_pins++; /* a miss: read now, ahead of its pin */
+                        pg->slots[s].counted = true;
+                    }
+                }
             }
         }
-        off = start + len;
     }
     pthread_mutex_unlock(&pg->mu);
 }
 
 void sp_pager_prefetch(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes) {
-    hint(pg, t, off, nbytes, false);
+    const struct sp_pager_span one = {t, off, nbytes};
+    hint_spans(pg, &one, 1, false);
 }
 
 void sp_pager_need(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes) {
-    hint(pg, t, off, nbytes, true);
+    const struct sp_pager_span one = {t, off, nbytes};
+    hint_spans(pg, &one, 1, true);
+}
+
+void sp_pager_need_spans(struct sp_pager *pg, const struct sp_pager_span *spans, uint32_t n) {
+    hint_spans(pg, spans, n, true);
 }
 
 bool sp_pager_streams(const struct sp_pager *pg, const struct sp_tensor_desc *t) {

@@ -10,7 +10,7 @@
  *  - budgeted: a plan (plan.h) pins what the budget allows and streams the
  *    rest through fixed pools of slots, reading exact spans of the file with
  *    O_DIRECT on I/O threads, prefetching dense weights in forward order and
- *    caching expert slices (LRU).  Nothing is allocated after the plan is
+ *    caching expert slices (next-use or LRU: xcache.h).  Nothing is allocated after the plan is
  *    applied; all residency is accounted against the budget.
  *
  * Streamed tensors are cut into units of rows; a pin must lie inside one
@@ -51,7 +51,8 @@ struct sp_pager_config {
     uint32_t n_experts, n_experts_used;
     const struct sp_tensor_desc *const *order; /* forward order of the dense tensors (ring schedule) */
     uint32_t n_order;
-    uint32_t io_threads;       /* 0 = default (4) */
+    uint32_t io_threads;       /* 0 = default (8) */
+    enum sp_expert_cache expert_cache; /* the expert pool's policy (xcache.h); AUTO = NEXT_USE */
     /* resident LOAD back end: repack matrices to their resident layouts
      * (quant.h) in place where the kernel table has the layout's gemm
      * (sp_pager_wtype says which) */
@@ -135,6 +136,15 @@ void sp_pager_prefetch(struct sp_pager *pg, const struct sp_tensor_desc *t, uint
  * in parallel; for expert tensors this is where hits and misses are counted
  * (resident or already in flight = hit).  Never waits, never fails. */
 void sp_pager_need(struct sp_pager *pg, const struct sp_tensor_desc *t, uint64_t off, uint64_t nbytes);
+/* sp_pager_need for several ranges at once (e.g. every slice of every expert
+ * the router chose for a layer): the ones already resident are counted and
+ * kept first, then the missing ones are read, so that no miss of the batch
+ * evicts a unit another range of the batch needs. */
+struct sp_pager_span {
+    const struct sp_tensor_desc *t;
+    uint64_t off, n;
+};
+void sp_pager_need_spans(struct sp_pager *pg, const struct sp_pager_span *spans, uint32_t n);
 
 /* The type the forward pass multiplies t as: its resident layout (quant.h)
  * where the resident LOAD back end repacked it (cfg.repack), else t->type.

@@ -249,15 +249,14 @@ static void expert_range(const struct sp_tensor_desc *t, uint32_t e, uint64_t *o
     *off = (uint64_t)e * *n;
 }
 
-/* Tell the pager the three slices of expert e of layer L: needed now
- * (certain) or guessed. */
-static void hint_expert(struct sp_pager *pg, const struct sp_layer_weights *L, uint32_t e, bool certain) {
+/* Tell the pager the three slices of expert e of layer L may be needed soon
+ * (a guess). */
+static void guess_expert(struct sp_pager *pg, const struct sp_layer_weights *L, uint32_t e) {
     const struct sp_tensor_desc *ts[3] = {L->ffn_gate_exps, L->ffn_up_exps, L->ffn_down_exps};
     for (int k = 0; k < 3; k++) {
         uint64_t off, n;
         expert_range(ts[k], e, &off, &n);
-        if (certain) sp_pager_need(pg, ts[k], off, n);
-        else sp_pager_prefetch(pg, ts[k], off, n);
+        sp_pager_prefetch(pg, ts[k], off, n);
     }
 }
 
@@ -274,8 +273,24 @@ static void experts_chosen(struct sp_model *m, struct sp_fwd *f, uint32_t il, ui
     const struct sp_hparams *hp = &m->mf->hp;
     const struct sp_layer_weights *L = &m->layers[il];
     if (!sp_pager_streams(m->pager, L->ffn_gate_exps)) return;
-    for (uint32_t e = 0; e < hp->n_experts; e++)
-        if (f->used[e]) hint_expert(m->pager, L, e, true);
+    /* every chosen slice in one call (in batches of 32 experts): the pager
+     * keeps the resident ones before it reads the missing ones */
+    struct sp_pager_span need[96];
+    uint32_t n_need = 0;
+    const struct sp_tensor_desc *ts[3] = {L->ffn_gate_exps, L->ffn_up_exps, L->ffn_down_exps};
+    for (uint32_t e = 0; e < hp->n_experts; e++) {
+        if (!f->used[e]) continue;
+        for (int k = 0; k < 3; k++) {
+            need[n_need].t = ts[k];
+            expert_range(ts[k], e, &need[n_need].off, &need[n_need].n);
+            n_need++;
+        }
+        if (n_need == SP_ARRAY_LEN(need)) {
+            sp_pager_need_spans(m->pager, need, n_need);
+            n_need = 0;
+        }
+    }
+    if (n_need) sp_pager_need_spans(m->pager, need, n_need);
     if (n_tok != 1 || il + 1 >= hp->n_layers) return;
     const struct sp_layer_weights *N = &m->layers[il + 1];
     if (!N->ffn_gate_inp || !N->ffn_norm || !N->ffn_gate_exps) return;
@@ -288,7 +303,7 @@ static void experts_chosen(struct sp_model *m, struct sp_fwd *f, uint32_t il, ui
     int32_t guess[64];
     const uint32_t k = SP_MIN(K, (uint32_t)SP_ARRAY_LEN(guess));
     top_k(f->probs, hp->n_experts, k, guess); /* logits rank as probabilities do */
-    for (uint32_t j = 0; j < k; j++) hint_expert(m->pager, N, (uint32_t)guess[j], false);
+    for (uint32_t j = 0; j < k; j++) guess_expert(m->pager, N, (uint32_t)guess[j]);
 }
 
 /* ---- experts ------------------------------------------------------------ */

@@ -67,6 +67,11 @@ void help_bench(FILE *f) {
             "                          (prefetched units used before eviction) are measured\n"
             "                          over the decodes; null where they do not apply;\n"
             "                          io_wait_s_per_token: time a decode waited for reads\n"
+            "      --expert-cache P    with --mem-budget, how the cache of streamed MoE\n"
+            "                          experts chooses what to give up: next-use (evict the\n"
+            "                          slice needed furthest ahead, learned from the\n"
+            "                          routing) or lru (default: next-use); adds\n"
+            "                          expert_cache to the JSON\n"
             CLI_HELP_TOKENIZER
             "      --cold              evict the model file from the page cache before each\n"
             "                          repetition (posix_fadvise DONTNEED)\n"
@@ -182,6 +187,8 @@ static void json_fields(struct bench_run *r) {
     }
 }
 
+static enum sp_expert_cache expert_cache = SP_EXPERT_CACHE_AUTO; /* --expert-cache */
+
 /* One repetition: load, prompt, n_gen decodes; fills r.  Returns an exit
  * code (EXIT_OK or EXIT_RUNTIME, message printed). */
 static int bench_once(const char *path, const char *tokenizer, enum sp_weight_mode weights, uint64_t mem_budget,
@@ -201,6 +208,7 @@ static int bench_once(const char *path, const char *tokenizer, enum sp_weight_mo
     mp.tokenizer_path = tokenizer;
     mp.weights = weights;
     mp.mem_budget = mem_budget;
+    mp.expert_cache = expert_cache;
     envelope_from(&mp, &sp);
     struct sp_mem_stats ms1, ms2;
     const double t0 = now_s();
@@ -341,6 +349,11 @@ int cmd_bench(int argc, char **argv) {
             else usage_error(a.cmd, "%s: expected auto, mmap or load, got '%s'", a.name, v);
         } else if (opt_is(&a, NULL, "--mem-budget")) {
             mem_budget = parse_size(&a, opt_value(&a));
+        } else if (opt_is(&a, NULL, "--expert-cache")) {
+            const char *v = opt_value(&a);
+            if (strcmp(v, "next-use") == 0) expert_cache = SP_EXPERT_CACHE_NEXT_USE;
+            else if (strcmp(v, "lru") == 0) expert_cache = SP_EXPERT_CACHE_LRU;
+            else usage_error(a.cmd, "%s: expected next-use or lru, got '%s'", a.name, v);
         } else if (opt_is(&a, NULL, "--tokenizer")) {
             tokenizer = opt_value(&a);
         } else if (opt_is(&a, NULL, "--cold")) {
@@ -415,6 +428,7 @@ int cmd_bench(int argc, char **argv) {
                kv_type_name(sp.kv_type_k), kv_type_name(sp.kv_type_v), weights_name(weights));
         printf("\"mem_budget_bytes\": ");
         json_number(mem_budget ? (double)mem_budget : NAN, 1);
+        printf(", \"expert_cache\": \"%s\"", expert_cache == SP_EXPERT_CACHE_LRU ? "lru" : "next-use");
         printf(", \"n_experts\": %d, \"n_experts_used\": %d, ", (int)info.n_experts, (int)info.n_experts_used);
         printf("\"model_file_size\": %" PRIu64 ", \"model_tensor_bytes\": %" PRIu64
                ", \"model_bytes_per_token\": %" PRIu64 ", \"model_params\": %" PRIu64 ", ",
