@@ -185,6 +185,14 @@ int main(int argc, char **argv) {
      * connections' peak; the HTTP threads allocate little and the token path
      * nothing, so one shared arena costs no contention worth the name. */
     mallopt(M_ARENA_MAX, 1);
+    /* Fixed thresholds: glibc would otherwise raise the mmap threshold to
+     * the size of the largest mmap'd block freed (up to 32 MiB), and from
+     * then on serve such blocks -- request bodies, tokenized prompts -- from
+     * the heap, whose freed pages stay resident.  With the threshold fixed
+     * they are mapped and unmapped; the rest of the heap is handed back by
+     * malloc_trim as connections end (http.c). */
+    mallopt(M_MMAP_THRESHOLD, 128 << 10);
+    mallopt(M_TRIM_THRESHOLD, 256 << 10);
 #endif
     sp_log_set(cli_log, &log_verbose);
     sp_init();

@@ -27,6 +27,9 @@
 #include "../common/cli.h"
 #include "gen/stream.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -638,5 +641,13 @@ char *srv_metrics_text(struct srv *sv) {
     }
     mput(&b, "process_resident_memory_bytes", "gauge", "Resident set size in bytes.",
          (double)pages * (double)sysconf(_SC_PAGESIZE));
+#ifdef __GLIBC__
+    const struct mallinfo2 mi = mallinfo2();
+    mput(&b, "sparrow:heap_in_use_bytes", "gauge", "Bytes malloc has handed out and not had back (glibc mallinfo2).",
+         (double)(mi.uordblks + mi.hblkhd));
+    mput(&b, "sparrow:heap_free_bytes", "gauge",
+         "Bytes free inside malloc's heap: kept by the allocator, resident or not (glibc mallinfo2).",
+         (double)mi.fordblks);
+#endif
     return b.p;
 }
