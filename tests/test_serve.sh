@@ -116,6 +116,18 @@ is "props: model_path" 'b.model_path' "$model"
 is "props: chat_template" 'b.chat_template' chatml
 is "props: build_info" 'b.build_info.startsWith("sparrow ")' true
 is "props: generation defaults" 'typeof b.default_generation_settings.params.temperature' number
+# presence_penalty / frequency_penalty (OpenAI's, over the last repeat_last_n tokens) change greedy text
+pq='"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "ignore_eos": true'
+cu "greedy completion" 200 "$serve_url/v1/completions" -d "{$pq}"
+plain=$(jv 'b.choices[0].text')
+cu "greedy completion, penalties 0" 200 "$serve_url/v1/completions" -d "{$pq, \"presence_penalty\": 0, \"frequency_penalty\": 0}"
+is "penalties of 0 change nothing" 'b.choices[0].text' "$plain"
+cu "greedy completion with penalties" 200 "$serve_url/v1/completions" -d "{$pq, \"presence_penalty\": 1, \"frequency_penalty\": 2}"
+if [ "$(jv 'b.choices[0].text')" != "$plain" ]; then ok "presence_penalty and frequency_penalty change greedy text"; else
+    bad "the penalties did not change greedy text: $plain"; fi
+cu "frequency_penalty out of range" 400 "$serve_url/v1/completions" -d "{$pq, \"frequency_penalty\": 2.5}"
+has "frequency_penalty out of range" "'frequency_penalty'"
+cu "repeat_last_n out of range" 400 "$serve_url/v1/completions" -d "{$pq, \"repeat_last_n\": 100000}"
 cu "metrics without --metrics" 501 "$serve_url/metrics"
 has "metrics without --metrics" '"type":"not_supported_error"'
 cu "slot save without --slot-save-path" 501 "$serve_url/slots/0?action=save" -d '{"filename": "a"}'

@@ -363,13 +363,14 @@ static bool bool_field(const cJSON *o, const char *key, bool *out, struct field_
 static bool gen_fields(struct srv *sv, const cJSON *o, struct srv_request *r, bool *stream, bool *usage,
                        struct field_err *e) {
     double temp = 0.8, top_p = 0.95, top_k = 40, min_p = 0.05, seed = -1, n = 1, pres = 0, freq = 0, rep = 1.0;
-    double max_tokens = -1;
+    double max_tokens = -1, last_n = 64;
     const double cap = sv->cfg.max_tokens_cap;
     if (!num_field(o, "temperature", 0, 100, &temp, e) || !num_field(o, "top_p", 0, 1, &top_p, e) ||
         !int_field(o, "top_k", -1, 1e9, &top_k, e) || !num_field(o, "min_p", 0, 1, &min_p, e) ||
         !int_field(o, "seed", -1, 1.8e19, &seed, e) || !int_field(o, "n", -1e9, 1e9, &n, e) ||
         !num_field(o, "presence_penalty", -2, 2, &pres, e) || !num_field(o, "frequency_penalty", -2, 2, &freq, e) ||
-        !num_field(o, "repeat_penalty", 0, 100, &rep, e) || !int_field(o, "n_predict", -1, cap, &max_tokens, e) ||
+        !num_field(o, "repeat_penalty", 0, 100, &rep, e) ||
+        !int_field(o, "repeat_last_n", -1, sv->cfg.sp.n_ctx, &last_n, e) || !int_field(o, "n_predict", -1, cap, &max_tokens, e) ||
         !int_field(o, "max_tokens", -1, cap, &max_tokens, e) ||
         !int_field(o, "max_completion_tokens", -1, cap, &max_tokens, e) || !bool_field(o, "stream", stream, e) ||
         !bool_field(o, "ignore_eos", &r->ignore_eos, e))
@@ -399,11 +400,12 @@ static bool gen_fields(struct srv *sv, const cJSON *o, struct srv_request *r, bo
     }
     r->sampling = (struct sp_sampling_params){.temp = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
                                               .min_p = (float)min_p, .repeat_penalty = (float)rep,
-                                              .repeat_last_n = 64};
+                                              .repeat_last_n = last_n < 0 ? sv->cfg.sp.n_ctx : (int32_t)last_n,
+                                              .presence_penalty = (float)pres,
+                                              .frequency_penalty = (float)freq};
     if (top_p == 0) r->sampling.top_p = 1e-6f;
     r->seed = seed < 0 ? (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)r : (uint64_t)seed;
     r->max_tokens = max_tokens < 0 ? (int32_t)cap : (int32_t)max_tokens;
-    (void)pres, (void)freq; /* accepted; the sampler has no presence/frequency penalty (docs/SERVER.md) */
     return true;
 }
 
