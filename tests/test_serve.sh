@@ -127,6 +127,8 @@ if [ "$(jv 'b.choices[0].text')" != "$plain" ]; then ok "presence_penalty and fr
     bad "the penalties did not change greedy text: $plain"; fi
 cu "frequency_penalty out of range" 400 "$serve_url/v1/completions" -d "{$pq, \"frequency_penalty\": 2.5}"
 has "frequency_penalty out of range" "'frequency_penalty'"
+cu "repeat_penalty 0" 400 "$serve_url/v1/completions" -d "{$pq, \"repeat_penalty\": 0}"
+has "repeat_penalty 0" "'repeat_penalty'"
 cu "repeat_last_n out of range" 400 "$serve_url/v1/completions" -d "{$pq, \"repeat_last_n\": 100000}"
 cu "metrics without --metrics" 501 "$serve_url/metrics"
 has "metrics without --metrics" '"type":"not_supported_error"'

@@ -376,6 +376,7 @@ static bool gen_fields(struct srv *sv, const cJSON *o, struct srv_request *r, bo
         !bool_field(o, "ignore_eos", &r->ignore_eos, e))
         return false;
     if (n != 1) return bad(e, "'n' must be 1: one choice per request is supported");
+    if (rep <= 0) return bad(e, "'repeat_penalty' must be in (0, 100]: 1 disables it");
     if (max_tokens == 0) return bad(e, "'max_tokens' must be at least 1");
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
     if (so && !cJSON_IsNull(so)) {
