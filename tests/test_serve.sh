@@ -321,6 +321,32 @@ fi
 printf 'not a session' >"$tmp/slots/junk.session"
 cu "slot restore of a corrupt file" 400 "$serve_url/slots/0?action=restore" -H "$k1" -d '{"filename": "junk.session"}'
 cu "the slot still serves" 200 "$serve_url/v1/completions" -H "$k1" -d "$req"
+# SIGTERM with a save waiting for a busy slot (sparrow:slot_actions_waiting
+# says when it does): the request ends (an error), the save is still done
+curl -s --max-time 60 "$serve_url/v1/completions" -H "$k1" -o "$tmp/long2" \
+    -d '{"prompt": "Once upon a time", "max_tokens": 240, "ignore_eos": true, "temperature": 0}' &
+long_pid=$!
+busy=-1 i=0
+while [ $i -lt 200 ] && [ "$busy" = -1 ]; do
+    curl -s --max-time 5 "$serve_url/slots" -H "$k1" -o "$tmp/body"
+    busy=$(jv 'b.findIndex((s) => s.is_processing)')
+    [ -n "$busy" ] || busy=-1
+    i=$((i + 1))
+done
+curl -s --max-time 60 -o "$tmp/exitsave" -w '%{http_code}' "$serve_url/slots/$((busy < 0 ? 0 : busy))?action=save" -H "$k1" \
+    -d '{"filename": "at-exit.session"}' >"$tmp/exitsave_code" &
+save_pid=$!
+i=0 # until the save waits for its slot (or the request is over already)
+while [ $i -lt 100 ]; do
+    w=$(curl -s --max-time 5 "$serve_url/metrics" -H "$k1" | awk '$1 == "sparrow:slot_actions_waiting" { print $2 }')
+    [ "$w" = 1 ] && break
+    [ -s "$tmp/exitsave_code" ] && break
+    sleep 0.01; i=$((i + 1))
+done
 serve_stop
+wait $long_pid $save_pid
+if [ "$(cat "$tmp/exitsave_code")" = 200 ] && [ -f "$tmp/slots/at-exit.session" ]; then
+    ok "a save asked for before SIGTERM is done ($(head -c 120 "$tmp/exitsave"))"; else
+    bad "the save asked for before SIGTERM: HTTP $(cat "$tmp/exitsave_code")" "$(head -c 300 "$tmp/exitsave")"; fi
 if [ "$serve_rc" -eq 0 ]; then ok "second server: SIGTERM: exit 0"; else bad "second server exit $serve_rc" "$(tail -n 5 "$tmp/server2.log")"; fi
 harness_report

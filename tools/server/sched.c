@@ -442,14 +442,13 @@ out:
         refuse(r, "the server is shutting down");
     }
     sv->tail = NULL;
-    while (sv->ops) {
-        struct srv_op *op = sv->ops;
-        sv->ops = op->next;
-        op->st = SP_E_STATE;
-        snprintf(op->error, sizeof op->error, "the server is shutting down");
-        op->done = true;
+    /* slot actions asked for before the stop still run (every slot is idle
+     * now): a save waiting for its slot's request is done on SIGTERM */
+    for (struct srv_op *op; (op = op_take(sv));) {
+        pthread_mutex_unlock(&sv->mu);
+        op_run(sv, op);
+        pthread_mutex_lock(&sv->mu);
     }
-    pthread_cond_broadcast(&sv->op_cv);
     pthread_mutex_unlock(&sv->mu);
     free(ss);
     free(tk);
@@ -594,6 +593,8 @@ char *srv_metrics_text(struct srv *sv) {
         kv_tokens += sv->slots[i].n_past;
     }
     const int queued = sv->n_queued;
+    int ops_waiting = 0;
+    for (const struct srv_op *op = sv->ops; op; op = op->next) ops_waiting++;
     pthread_mutex_unlock(&sv->mu);
     const double kv_cap = (double)sv->cfg.n_slots * sv->cfg.sp.n_ctx;
     uint64_t n_finished = 0;
@@ -630,6 +631,8 @@ char *srv_metrics_text(struct srv *sv) {
     mput(&b, "sparrow:requests_cancelled_total", "counter", "Requests whose client went away.",
          (double)m.finished[SRV_CANCELLED]);
     mput(&b, "sparrow:slot_actions_total", "counter", "Slot saves, restores and erases done.", (double)m.slot_ops);
+    mput(&b, "sparrow:slot_actions_waiting", "gauge", "Slot actions waiting for their slot's request to end.",
+         ops_waiting);
     mput(&b, "sparrow:slots_total", "gauge", "Slots (-np).", sv->cfg.n_slots);
     /* the process's memory, for watching it over time (test_serve_load.sh) */
     long pages = 0;
