@@ -439,7 +439,13 @@ struct sp_sampling_params {
     float top_p;          /* in (0, 1]; 1: disabled */
     float min_p;          /* in [0, 1]; 0: disabled */
     float repeat_penalty; /* 1: disabled */
-    int32_t repeat_last_n;/* how many recent tokens the penalty looks at */
+    int32_t repeat_last_n;/* how many recent tokens the penalties look at */
+    /* OpenAI's penalties over the same recent tokens, after the repetition
+     * penalty: logit -= count * frequency_penalty + (count > 0) *
+     * presence_penalty, count being how often the token occurs among them.
+     * Finite; 0: disabled (the default); negative values favour repeats. */
+    float presence_penalty;
+    float frequency_penalty;
 };
 
 struct sp_session_params {

@@ -31,7 +31,7 @@ fi
 sp chat --help
 t_rc "--help" 0
 t_out_has "--help" "--system-prompt" "--chat-template" "--jinja" "--no-jinja" "--json" "--n-predict" "--temp" \
-    "--top-k" "--top-p" "--min-p" "--repeat-penalty" "--seed" "--ctx-size" "--cache-type-k" "--context-shift" \
+    "--top-k" "--top-p" "--min-p" "--repeat-penalty" "--presence-penalty" "--frequency-penalty" "--seed" "--ctx-size" "--cache-type-k" "--context-shift" \
     "--keep" "--prompt-cache" "--mem-budget" "/reset" "/save" "/load" "/system" "/stats" "/help" "Ctrl-C"
 t_usage "no model" chat
 t_usage "unknown template" chat -m x.gguf --chat-template nosuch

@@ -46,7 +46,7 @@ for c in run tokenize inspect; do
 done
 sp run --help
 t_out_has "run --help" "-m, --model" "-p, --prompt" "-f, --file" "-n, --n-predict" "--temp" "--top-k" "--top-p" \
-    "--min-p" "--repeat-penalty" "--repeat-last-n" "--seed" "-t, --threads" "-c, --ctx-size" "--kv-type" \
+    "--min-p" "--repeat-penalty" "--presence-penalty" "--frequency-penalty" "--repeat-last-n" "--seed" "-t, --threads" "-c, --ctx-size" "--kv-type" \
     "--tokenizer" "(default: 128)" "(default: 0.8)" "(default: 40)" "(default: 0.95)" "(default: 0.05)" \
     "(default: 64)"
 sp tokenize --help
@@ -84,6 +84,9 @@ t_usage "run: --top-p 1.5" run -m x.gguf --top-p 1.5
 t_usage "run: --min-p 2" run -m x.gguf --min-p 2
 t_usage "run: --repeat-penalty 0" run -m x.gguf --repeat-penalty 0
 t_usage "run: --repeat-last-n -1" run -m x.gguf --repeat-last-n -1
+t_usage "run: --presence-penalty nan" run -m x.gguf --presence-penalty nan
+t_usage "run: --frequency-penalty inf" run -m x.gguf --frequency-penalty inf
+t_usage "run: --frequency-penalty x" run -m x.gguf --frequency-penalty x
 t_usage "run: --seed -1" run -m x.gguf --seed -1
 t_usage "run: --seed 2^64" run -m x.gguf --seed 18446744073709551616
 t_usage "run: -t 0" run -m x.gguf -t 0
@@ -252,6 +255,15 @@ if [ -n "$golden" ] && need models/stories260K/stories260K-f32.gguf; then
     t_err_has "run without --seed" "seed "
     sp run -m "$f32" -p "Once upon a time" -n 8 --repeat-penalty 1.3 --repeat-last-n 16 --temp=0.5 --top-k=10
     t_rc "run with --flag=value options" 0
+    # OpenAI's penalties: greedy text changes once repeats cost something, and
+    # 0 is the same as leaving them out
+    sp run -m "$f32" -p "Once upon a time" -n 48 --temp 0 --seed 1
+    cp "$tmp/out" "$tmp/greedy"
+    sp run -m "$f32" -p "Once upon a time" -n 48 --temp 0 --seed 1 --presence-penalty 0 --frequency-penalty 0
+    if cmp -s "$tmp/greedy" "$tmp/out"; then ok "run: penalties of 0 change nothing"; else bad "run: penalties of 0 changed the output"; fi
+    sp run -m "$f32" -p "Once upon a time" -n 48 --temp 0 --seed 1 --frequency-penalty 2 --presence-penalty 1
+    t_rc "run with --frequency-penalty and --presence-penalty" 0
+    if cmp -s "$tmp/greedy" "$tmp/out"; then bad "run: the penalties did not change greedy text"; else ok "run: the penalties change greedy text"; fi
 fi
 
 if [ -n "$golden" ] && need models/stories260K/stories260K.bin && need models/stories260K/tok512.bin; then

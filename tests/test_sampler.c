@@ -1,7 +1,8 @@
 /*
  * test_sampler.c -- the sampler against its contract (src/sample/sampler.h):
  * greedy and its tie rule, top-k / top-p / min-p support and frequencies,
- * temperature, repetition penalty, seeding, reset, parameter validation and
+ * temperature, repetition penalty, OpenAI's presence and frequency penalties,
+ * seeding, reset, parameter validation and
  * "sampling never allocates".  Needs no fixtures; every draw is seeded.
  */
 #include "sample/sampler.h"
@@ -93,11 +94,19 @@ static void test_invalid(void) {
         {"repeat_penalty", params(1, 0, 1, 0)},
         {"repeat_penalty", params(1, 0, 1, 0)},
         {"repeat_last_n", params(1, 0, 1, 0)},
+        {"presence_penalty", params(1, 0, 1, 0)},
+        {"presence_penalty", params(1, 0, 1, 0)},
+        {"frequency_penalty", params(1, 0, 1, 0)},
+        {"frequency_penalty", params(1, 0, 1, 0)},
     };
     bad[9].p.repeat_penalty = 0.0f;
     bad[10].p.repeat_penalty = -1.0f;
     bad[11].p.repeat_penalty = NAN;
     bad[12].p.repeat_last_n = -1;
+    bad[13].p.presence_penalty = NAN;
+    bad[14].p.presence_penalty = -INFINITY;
+    bad[15].p.frequency_penalty = INFINITY;
+    bad[16].p.frequency_penalty = NAN;
     for (size_t i = 0; i < SP_ARRAY_LEN(bad); i++) {
         s = (struct sp_sampler *)&s;
         sp_err_clear();
@@ -418,6 +427,103 @@ static void test_penalty(void) {
     }
 }
 
+/* OpenAI's penalties: logit -= count * frequency_penalty + (count > 0) *
+ * presence_penalty over the last repeat_last_n tokens, after the repetition
+ * penalty.  Greedy picks between a penalised token and a rival placed just
+ * above or just below the value the formula gives. */
+static int32_t pick(const struct sp_sampling_params *p, const int32_t *hist, int n_hist, const float *l, int n) {
+    struct sp_sampler *s = make(p, 1, n);
+    if (!s) return -1;
+    for (int i = 0; i < n_hist; i++) sp_sampler_accept(s, hist[i]);
+    const int32_t t = sp_sampler_sample(s, l);
+    sp_sampler_free(s);
+    return t;
+}
+
+static void test_presence_frequency(void) {
+    struct sp_sampling_params p = params(0.0f, 0, 1.0f, 0.0f);
+    p.repeat_last_n = 8;
+    const int32_t zero2[] = {0, 0}, zero3[] = {0, 2, 0, 0}, one0[] = {0};
+    /* frequency 0.5, presence 0.3: token 0 seen twice: 3.0 - 2 x 0.5 - 0.3 = 1.7 */
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.3f;
+    CHECK(pick(&p, zero2, 2, (const float[]){3.0f, 1.71f, 0, 0}, 4) == 1);
+    CHECK(pick(&p, zero2, 2, (const float[]){3.0f, 1.69f, 0, 0}, 4) == 0);
+    /* seen once: 3.0 - 0.5 - 0.3 = 2.2 */
+    CHECK(pick(&p, one0, 1, (const float[]){3.0f, 2.21f, 0, 0}, 4) == 1);
+    CHECK(pick(&p, one0, 1, (const float[]){3.0f, 2.19f, 0, 0}, 4) == 0);
+    /* not seen: untouched */
+    CHECK(pick(&p, one0, 1, (const float[]){0, 3.0f, 2.99f, 0}, 4) == 1);
+    /* presence alone does not count: seen three times, 3.0 - 0.5 = 2.5 */
+    p.frequency_penalty = 0.0f;
+    p.presence_penalty = 0.5f;
+    CHECK(pick(&p, zero3, 4, (const float[]){3.0f, 2.51f, 0, 0}, 4) == 1);
+    CHECK(pick(&p, zero3, 4, (const float[]){3.0f, 2.49f, 0, 0}, 4) == 0);
+    /* frequency alone counts: 3.0 - 3 x 0.25 = 2.25; token 2 (seen once) 2.3 - 0.25 = 2.05 */
+    p.frequency_penalty = 0.25f;
+    p.presence_penalty = 0.0f;
+    CHECK(pick(&p, zero3, 4, (const float[]){3.0f, 2.26f, 2.3f, 0}, 4) == 1);
+    CHECK(pick(&p, zero3, 4, (const float[]){3.0f, 2.24f, 2.3f, 0}, 4) == 0);
+    /* negative values favour repeats: 1.0 + 2 x 0.5 + 0.5 = 2.5 */
+    p.frequency_penalty = -0.5f;
+    p.presence_penalty = -0.5f;
+    CHECK(pick(&p, zero2, 2, (const float[]){1.0f, 2.49f, 0, 0}, 4) == 0);
+    CHECK(pick(&p, zero2, 2, (const float[]){1.0f, 2.51f, 0, 0}, 4) == 1);
+    /* after the repetition penalty: 3.0 / 1.5 - 0.5 = 1.5 (the other order gives 1.67) */
+    p.repeat_penalty = 1.5f;
+    p.frequency_penalty = 0.5f;
+    p.presence_penalty = 0.0f;
+    CHECK(pick(&p, one0, 1, (const float[]){3.0f, 1.6f, 0, 0}, 4) == 1);
+    CHECK(pick(&p, one0, 1, (const float[]){3.0f, 1.45f, 0, 0}, 4) == 0);
+    p.repeat_penalty = 1.0f;
+    /* only the window counts: 0 seen 5 times but 3 of them pushed out of a window of 4 */
+    p.repeat_last_n = 4;
+    p.frequency_penalty = 1.0f;
+    const int32_t win[] = {0, 0, 0, 1, 1, 0, 0};
+    CHECK(pick(&p, win, 7, (const float[]){3.0f, 0, 1.01f, 0}, 4) == 2); /* 3 - 2 = 1.0 */
+    CHECK(pick(&p, win, 7, (const float[]){3.0f, 0, 0.99f, 0}, 4) == 0);
+    /* -inf stays impossible, however negative the penalty; huge products saturate */
+    p.repeat_last_n = 8;
+    p.frequency_penalty = -1e38f;
+    p.presence_penalty = -1e38f;
+    const int32_t inf_hist[] = {1, 1, 1, 0};
+    CHECK(pick(&p, inf_hist, 4, (const float[]){-50.0f, -INFINITY, -60.0f, -70.0f}, 4) == 0);
+    p.frequency_penalty = 1e38f;
+    p.presence_penalty = 1e38f;
+    CHECK(pick(&p, inf_hist, 4, (const float[]){50.0f, 40.0f, -60.0f, -70.0f}, 4) == 2);
+    /* sampled (temp 1): the draws follow softmax of the penalised logits.
+     * logits {0, 0}, token 0 seen once, frequency ln 3: p0 = 1/4 */
+    p = params(1.0f, 0, 1.0f, 0.0f);
+    p.frequency_penalty = (float)log(3.0);
+    struct sp_sampler *s = make(&p, 11, 2);
+    if (s) {
+        sp_sampler_accept(s, 0);
+        int c[2];
+        CHECK(histogram(s, (const float[]){0, 0}, 2, 20000, c) == 0);
+        CHECKF(c[0] > 4600 && c[0] < 5400, "p(token 0) should be 1/4: %d of 20000", c[0]);
+        sp_sampler_free(s);
+    }
+    /* set_params turns them on and off between draws; the history stays */
+    p = params(0.0f, 0, 1.0f, 0.0f);
+    p.repeat_last_n = 8;
+    s = make(&p, 1, 4);
+    if (s) {
+        const float l[4] = {3.0f, 2.5f, 0, 0};
+        sp_sampler_accept(s, 0);
+        CHECK(sp_sampler_sample(s, l) == 0);
+        p.presence_penalty = 1.0f;
+        CHECK(sp_sampler_set_params(s, &p) == SP_OK);
+        CHECK(sp_sampler_sample(s, l) == 1);
+        CHECK(sp_sampler_sample(s, l) == 1); /* sampling leaves the counts as they were */
+        p.presence_penalty = 0.0f;
+        CHECK(sp_sampler_set_params(s, &p) == SP_OK);
+        CHECK(sp_sampler_sample(s, l) == 0);
+        p.frequency_penalty = NAN;
+        CHECK(sp_sampler_set_params(s, &p) == SP_E_INVALID);
+        sp_sampler_free(s);
+    }
+}
+
 static void test_seeding(void) {
     enum { N = 64, DRAWS = 2000 };
     float l[N];
@@ -483,7 +589,10 @@ static void test_no_alloc(void) {
         params(0.0f, 0, 1.0f, 0.0f),    /* greedy */
     };
     cfg[0].repeat_penalty = 1.1f;
+    cfg[1].presence_penalty = 0.6f;
+    cfg[1].frequency_penalty = 0.4f;
     cfg[3].repeat_penalty = 1.3f;
+    cfg[3].frequency_penalty = -0.2f;
     for (size_t k = 0; k < SP_ARRAY_LEN(cfg); k++) {
         struct sp_sampler *s = make(&cfg[k], 3, V);
         if (!s) continue;
@@ -510,6 +619,7 @@ int main(void) {
     test_min_p();
     test_temperature();
     test_penalty();
+    test_presence_frequency();
     test_seeding();
     test_no_alloc();
     return test_report("test_sampler");

@@ -1,11 +1,12 @@
 /*
  * sampler.c -- logits -> next token.  The pipeline, in order:
- *   repetition penalty (llama.cpp style, each distinct recent token once)
+ *   repetition penalty (llama.cpp style, each distinct recent token once),
+ *   then OpenAI's frequency and presence penalties over the same tokens
  *   -> temp == 0: argmax, lowest id on ties
  *   -> else temperature, top-k (selection), softmax, top-p, min-p, renormalise,
  *      and one draw from xoshiro256** (seeded through splitmix64).
  * Not here: the logits themselves (model/), the public wrapper (api.c).
- * All scratch (candidate array, penalty ring, marks) is allocated in
+ * All scratch (candidate array, penalty ring, counts) is allocated in
  * sp_sampler_init; sp_sampler_sample never allocates and never modifies logits.
  */
 #include "sample/sampler.h"
@@ -28,7 +29,8 @@ struct sp_sampler {
     int32_t n_vocab;
     uint64_t rng[4];     /* xoshiro256** state */
     struct cand *cand;   /* (n_vocab) scratch */
-    uint8_t *mark;       /* (n_vocab) 1 while a token's penalty is applied; else 0 */
+    int32_t *count;      /* (n_vocab) a token's occurrences in the history while the
+                            penalties are applied; else 0 */
     int32_t *hist;       /* (repeat_last_n) ring of accepted tokens */
     int32_t hist_len;    /* tokens in the ring, <= repeat_last_n */
     int32_t hist_next;   /* ring slot the next accepted token goes to */
@@ -196,6 +198,12 @@ static sp_status check_params(const struct sp_sampling_params *p) {
     if (!isfinite(p->repeat_penalty) || p->repeat_penalty <= 0.0f)
         return sp_err(SP_E_INVALID, "sampler: repeat_penalty must be a finite number > 0 (1 disables it), got %g",
                       (double)p->repeat_penalty);
+    if (!isfinite(p->presence_penalty))
+        return sp_err(SP_E_INVALID, "sampler: presence_penalty must be a finite number (0 disables it), got %g",
+                      (double)p->presence_penalty);
+    if (!isfinite(p->frequency_penalty))
+        return sp_err(SP_E_INVALID, "sampler: frequency_penalty must be a finite number (0 disables it), got %g",
+                      (double)p->frequency_penalty);
     if (p->repeat_last_n < 0 || p->repeat_last_n > SP_SAMPLER_MAX_LAST_N)
         return sp_err(SP_E_INVALID, "sampler: repeat_last_n must be in [0, %d], got %d", SP_SAMPLER_MAX_LAST_N,
                       (int)p->repeat_last_n);
@@ -222,8 +230,8 @@ sp_status sp_sampler_init(const struct sp_sampling_params *params, uint64_t seed
     s->params = *params;
     s->n_vocab = n_vocab;
     s->cand = sp_calloc((size_t)n_vocab, sizeof(*s->cand));
-    s->mark = sp_calloc((size_t)n_vocab, 1);
-    if (!s->cand || !s->mark) goto nomem;
+    s->count = sp_calloc((size_t)n_vocab, sizeof(*s->count));
+    if (!s->cand || !s->count) goto nomem;
     if (params->repeat_last_n > 0) {
         s->hist = sp_calloc((size_t)params->repeat_last_n, sizeof(*s->hist));
         if (!s->hist) goto nomem;
@@ -241,7 +249,7 @@ nomem:
 void sp_sampler_free(struct sp_sampler *s) {
     if (!s) return;
     sp_free(s->cand);
-    sp_free(s->mark);
+    sp_free(s->count);
     sp_free(s->hist);
     sp_free(s);
 }
@@ -322,7 +330,9 @@ void sp_sampler_rng_set(struct sp_sampler *s, const uint64_t rng[4]) {
 /* ---- sampling ------------------------------------------------------------ */
 
 /* cand[i] = {i, logits[i]} with non-finite values made orderable, then the
- * repetition penalty applied to each distinct token in the history once. */
+ * penalties applied to each distinct token in the history once: the
+ * repetition penalty (divide a positive logit, multiply a negative one),
+ * then logit -= count * frequency_penalty + presence_penalty. */
 static void load_candidates(struct sp_sampler *s, const float *logits) {
     struct cand *c = s->cand;
     for (int32_t i = 0; i < s->n_vocab; i++) {
@@ -333,15 +343,23 @@ static void load_candidates(struct sp_sampler *s, const float *logits) {
         c[i].logit = l;
         c[i].p = 0.0f;
     }
-    const float pen = s->params.repeat_penalty;
-    if (pen == 1.0f || s->hist_len == 0) return;
+    const float pen = s->params.repeat_penalty, freq = s->params.frequency_penalty, pres = s->params.presence_penalty;
+    if ((pen == 1.0f && freq == 0.0f && pres == 0.0f) || s->hist_len == 0) return;
+    for (int32_t j = 0; j < s->hist_len; j++) s->count[s->hist[j]]++;
     for (int32_t j = 0; j < s->hist_len; j++) {
         const int32_t t = s->hist[j];
-        if (s->mark[t]) continue;
-        s->mark[t] = 1;
-        c[t].logit = c[t].logit > 0.0f ? c[t].logit / pen : c[t].logit * pen;
+        const int32_t k = s->count[t];
+        if (!k) continue; /* applied already (the count is cleared as it is) */
+        s->count[t] = 0;
+        float l = c[t].logit;
+        if (pen != 1.0f) l = l > 0.0f ? l / pen : l * pen;
+        if (freq != 0.0f || pres != 0.0f) {
+            l -= (float)k * freq + pres;
+            if (isnan(l)) l = -INFINITY; /* -inf - (-x) stays -inf; keep it orderable anyway */
+            else if (l > FLT_MAX) l = FLT_MAX;
+        }
+        c[t].logit = l;
     }
-    for (int32_t j = 0; j < s->hist_len; j++) s->mark[s->hist[j]] = 0;
 }
 
 /* Choose the next token from n_vocab logits (read, never written).  Greedy

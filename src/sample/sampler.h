@@ -1,5 +1,6 @@
 /*
- * sampler.h -- turns logits into the next token: repetition penalty, then
+ * sampler.h -- turns logits into the next token: repetition penalty and
+ * OpenAI's frequency / presence penalties over the recent tokens, then
  * greedy (temp 0), or temperature -> top-k -> top-p -> min-p -> a draw from a
  * seeded RNG.  All scratch is allocated at init; sampling never allocates.
  */
@@ -22,7 +23,7 @@ void sp_sampler_seed(struct sp_sampler *s, uint64_t seed);
 /* Reseed the RNG and clear the history. */
 void sp_sampler_reset(struct sp_sampler *s, uint64_t seed);
 
-/* Record a token in the penalty history (the last repeat_last_n are kept). */
+/* Record a token in the penalties' history (the last repeat_last_n are kept). */
 void sp_sampler_accept(struct sp_sampler *s, int32_t token);
 
 /* Replace the penalty history with the last repeat_last_n of tokens[0..n)

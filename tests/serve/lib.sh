@@ -6,6 +6,7 @@
 #   serve_stop                    SIGTERM, then (after 10 s) SIGKILL; sets serve_rc
 serve_start() {
     _log=$1; shift
+    : >"$_log" # exists before the loop reads it (the background redirect may come later)
     "$@" >"$_log" 2>&1 &
     serve_pid=$!
     serve_url=

@@ -374,6 +374,10 @@ int gen_opt(struct argp *a, struct gen_opts *g) {
         s->min_p = (float)parse_num(a, opt_value(a), 0, 1, 0);
     } else if (opt_is(a, NULL, "--repeat-penalty")) {
         s->repeat_penalty = (float)parse_num(a, opt_value(a), 0, 1e38, 1);
+    } else if (opt_is(a, NULL, "--presence-penalty")) {
+        s->presence_penalty = (float)parse_num(a, opt_value(a), -1e38, 1e38, 0);
+    } else if (opt_is(a, NULL, "--frequency-penalty")) {
+        s->frequency_penalty = (float)parse_num(a, opt_value(a), -1e38, 1e38, 0);
     } else if (opt_is(a, NULL, "--repeat-last-n")) {
         s->repeat_last_n = (int32_t)parse_int(a, opt_value(a), 0, MAX_REPEAT_LAST_N);
     } else if (opt_is(a, NULL, "--seed")) {
@@ -428,7 +432,14 @@ void help_gen_opts(FILE *f) {
             "                          probability, in [0, 1]; 0 = off (default: %g)\n"
             "      --repeat-penalty R  penalise the last N tokens: logit / R if > 0, else\n"
             "                          logit x R; R > 0, 1 = off (default: %g)\n"
-            "      --repeat-last-n N   tokens the penalty looks back at, 0..%d\n"
+            "      --presence-penalty P\n"
+            "                          subtract P from the logit of each token among the\n"
+            "                          last N (OpenAI's presence_penalty); 0 = off (default: 0)\n"
+            "      --frequency-penalty F\n"
+            "                          subtract F x its count among the last N from a\n"
+            "                          token's logit (OpenAI's frequency_penalty); 0 = off\n"
+            "                          (default: 0)\n"
+            "      --repeat-last-n N   tokens the penalties look back at, 0..%d\n"
             "                          (default: %d)\n"
             "      --seed S            sampler seed, 0..2^64-1 (default: from the clock,\n"
             "                          printed on stderr)\n"

@@ -73,8 +73,8 @@ int is_option(const char *arg);
  * Returns 1 when argv[i] was one of them. */
 int session_opt(struct argp *a, struct sp_session_params *sp);
 /* The generation options run and chat share: -n, the sampling flags
- * (--temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,
- * --seed), session_opt's, --mem-budget, --context-shift, --keep and
+ * (--temp, --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty,
+ * --frequency-penalty, --repeat-last-n, --seed), session_opt's, --mem-budget, --context-shift, --keep and
  * --prompt-cache FILE.  gen_opts_init sets the defaults the help prints;
  * gen_opt returns 1 when argv[i] was one of them; gen_opts_seed draws a
  * seed from the clock when --seed was not given. */

@@ -12,6 +12,9 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <math.h>
 #include <microhttpd.h>
 #include <poll.h>
@@ -20,10 +23,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
-#define BODY_HARD_MAX (64u << 20) /* a body past this is not even read */
 #define MIN_SZ(a, b) ((a) < (b) ? (a) : (b))
+#define TRIM_EVERY 32 /* requests between two malloc_trim calls */
 
 /* ---- small helpers ---------------------------------------------------------- */
 
@@ -55,12 +59,49 @@ static void buf_str(struct buf *b, const char *s) {
     buf_put(b, s, strlen(s));
 }
 
-/* A JSON string literal of s[0..n). */
+/* Length of the valid UTF-8 sequence at s[0..n) (1-4), or 0 when it is not
+ * one (overlong forms, surrogates and code points past U+10FFFF included). */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+    const unsigned c = s[0];
+    size_t len;
+    unsigned cp;
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1f;
+    else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0f;
+    else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07;
+    else return 0;
+    if (n < len) return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0;
+    return len;
+}
+
+static bool utf8_valid(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        const size_t k = utf8_len((const unsigned char *)s + i, n - i);
+        if (!k) return false;
+        i += k;
+    }
+    return true;
+}
+
+/* A JSON string literal of s[0..n); bytes that are not UTF-8 become U+FFFD
+ * (generated text is valid already; detokenized ids need not be). */
 static void buf_json_str(struct buf *b, const char *s, size_t n) {
     buf_put(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         const unsigned char c = (unsigned char)s[i];
         char e[8];
+        if (c >= 0x80) {
+            const size_t k = utf8_len((const unsigned char *)s + i, n - i);
+            if (k) buf_put(b, s + i, k), i += k - 1;
+            else buf_put(b, "\xef\xbf\xbd", 3);
+            continue;
+        }
         if (c == '"' || c == '\\') {
             e[0] = '\\', e[1] = (char)c;
             buf_put(b, e, 2);
@@ -78,6 +119,10 @@ static void buf_json_str(struct buf *b, const char *s, size_t n) {
         }
     }
     buf_put(b, "\"", 1);
+}
+
+static void buf_json_cstr(struct buf *b, const char *s) {
+    buf_json_str(b, s, strlen(s));
 }
 
 static void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -149,12 +194,16 @@ static const char *finish_name(enum srv_finish f) {
 
 /* ---- one connection ------------------------------------------------------------ */
 
-enum route { R_NONE, R_CHAT, R_COMPLETION, R_MODELS, R_HEALTH, R_SLOTS };
+enum route {
+    R_NONE, R_CHAT, R_COMPLETION, R_MODELS, R_HEALTH, R_SLOTS, R_SLOT_ACTION, R_TOKENIZE, R_DETOKENIZE,
+    R_APPLY_TEMPLATE, R_PROPS, R_METRICS
+};
 
 struct conn {
     struct srv *sv;
     struct buf body;
     bool too_big;
+    enum route rt;
 };
 
 /* A streamed answer: what the reader callback needs. */
@@ -314,18 +363,20 @@ static bool bool_field(const cJSON *o, const char *key, bool *out, struct field_
 static bool gen_fields(struct srv *sv, const cJSON *o, struct srv_request *r, bool *stream, bool *usage,
                        struct field_err *e) {
     double temp = 0.8, top_p = 0.95, top_k = 40, min_p = 0.05, seed = -1, n = 1, pres = 0, freq = 0, rep = 1.0;
-    double max_tokens = -1;
+    double max_tokens = -1, last_n = 64;
     const double cap = sv->cfg.max_tokens_cap;
     if (!num_field(o, "temperature", 0, 100, &temp, e) || !num_field(o, "top_p", 0, 1, &top_p, e) ||
         !int_field(o, "top_k", -1, 1e9, &top_k, e) || !num_field(o, "min_p", 0, 1, &min_p, e) ||
         !int_field(o, "seed", -1, 1.8e19, &seed, e) || !int_field(o, "n", -1e9, 1e9, &n, e) ||
         !num_field(o, "presence_penalty", -2, 2, &pres, e) || !num_field(o, "frequency_penalty", -2, 2, &freq, e) ||
-        !num_field(o, "repeat_penalty", 0, 100, &rep, e) || !int_field(o, "n_predict", -1, cap, &max_tokens, e) ||
+        !num_field(o, "repeat_penalty", 0, 100, &rep, e) ||
+        !int_field(o, "repeat_last_n", -1, sv->cfg.sp.n_ctx, &last_n, e) || !int_field(o, "n_predict", -1, cap, &max_tokens, e) ||
         !int_field(o, "max_tokens", -1, cap, &max_tokens, e) ||
         !int_field(o, "max_completion_tokens", -1, cap, &max_tokens, e) || !bool_field(o, "stream", stream, e) ||
         !bool_field(o, "ignore_eos", &r->ignore_eos, e))
         return false;
     if (n != 1) return bad(e, "'n' must be 1: one choice per request is supported");
+    if (rep <= 0) return bad(e, "'repeat_penalty' must be in (0, 100]: 1 disables it");
     if (max_tokens == 0) return bad(e, "'max_tokens' must be at least 1");
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(o, "stream_options");
     if (so && !cJSON_IsNull(so)) {
@@ -350,35 +401,46 @@ static bool gen_fields(struct srv *sv, const cJSON *o, struct srv_request *r, bo
     }
     r->sampling = (struct sp_sampling_params){.temp = (float)temp, .top_k = (int32_t)top_k, .top_p = (float)top_p,
                                               .min_p = (float)min_p, .repeat_penalty = (float)rep,
-                                              .repeat_last_n = 64};
+                                              .repeat_last_n = last_n < 0 ? sv->cfg.sp.n_ctx : (int32_t)last_n,
+                                              .presence_penalty = (float)pres,
+                                              .frequency_penalty = (float)freq};
     if (top_p == 0) r->sampling.top_p = 1e-6f;
     r->seed = seed < 0 ? (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)r : (uint64_t)seed;
     r->max_tokens = max_tokens < 0 ? (int32_t)cap : (int32_t)max_tokens;
-    (void)pres, (void)freq; /* accepted; the sampler has no presence/frequency penalty (docs/SERVER.md) */
     return true;
+}
+
+/* Tokenize text: the ids (malloc'd) and their count, or NULL. */
+static int32_t *tokenize_text(struct srv *sv, const char *text, size_t len, unsigned flags, int32_t *n_out,
+                              struct field_err *e) {
+    int32_t n = 0;
+    int32_t cap = (int32_t)MIN_SZ(len + 8, (size_t)1 << 24);
+    int32_t *tok = malloc((size_t)cap * sizeof(int32_t));
+    if (!tok) return bad(e, "out of memory"), NULL;
+    sp_status st = sp_tokenize(sv->model, text, len, flags, tok, cap, &n);
+    if (st == SP_E_BUFFER) {
+        free(tok);
+        cap = n;
+        if (!(tok = malloc((size_t)cap * sizeof(int32_t)))) return bad(e, "out of memory"), NULL;
+        st = sp_tokenize(sv->model, text, len, flags, tok, cap, &n);
+    }
+    if (st) {
+        free(tok);
+        return bad(e, "the text cannot be tokenized: %s", sp_last_error()), NULL;
+    }
+    *n_out = n;
+    return tok;
 }
 
 /* Tokenize text into r->prompt. */
 static bool tokenize_prompt(struct srv *sv, const char *text, size_t len, unsigned flags, struct srv_request *r,
                             struct field_err *e) {
-    int32_t n = 0;
-    int32_t cap = (int32_t)MIN_SZ(len + 8, (size_t)1 << 24);
-    r->prompt = malloc((size_t)cap * sizeof(int32_t));
-    if (!r->prompt) return bad(e, "out of memory");
-    sp_status st = sp_tokenize(sv->model, text, len, flags, r->prompt, cap, &n);
-    if (st == SP_E_BUFFER) {
-        free(r->prompt);
-        cap = n;
-        if (!(r->prompt = malloc((size_t)cap * sizeof(int32_t)))) return bad(e, "out of memory");
-        st = sp_tokenize(sv->model, text, len, flags, r->prompt, cap, &n);
-    }
-    if (st) return bad(e, "the prompt cannot be tokenized: %s", sp_last_error());
-    r->n_prompt = n;
-    return true;
+    return (r->prompt = tokenize_text(sv, text, len, flags, &r->n_prompt, e)) != NULL;
 }
 
-/* The prompt of a chat request: its messages through the chat template. */
-static bool chat_prompt(struct srv *sv, const cJSON *o, struct srv_request *r, struct field_err *e) {
+/* A request's messages through the chat template: the prompt text into
+ * *text (malloc'd, NUL-terminated), its length into *len. */
+static bool render_messages(struct srv *sv, const cJSON *o, char **text, size_t *len, struct field_err *e) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages");
     if (!msgs) return bad(e, "'messages' is required");
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) return bad(e, "'messages' must be a non-empty array");
@@ -399,16 +461,26 @@ static bool chat_prompt(struct srv *sv, const cJSON *o, struct srv_request *r, s
     cp.tmpl = sv->cfg.chat_template;
     cp.engine = sv->cfg.jinja ? SP_CHAT_JINJA : SP_CHAT_NAMED;
     cp.messages_json = json;
-    size_t len = 0;
-    sp_status st = sp_chat_apply(sv->model, &cp, NULL, 0, NULL, 0, &len);
-    char *text = NULL;
+    *len = 0;
+    *text = NULL;
+    sp_status st = sp_chat_apply(sv->model, &cp, NULL, 0, NULL, 0, len);
     if (st == SP_E_BUFFER || st == SP_OK) {
-        if ((text = malloc(len + 1))) st = sp_chat_apply(sv->model, &cp, NULL, 0, text, len + 1, &len);
+        if ((*text = malloc(*len + 1))) st = sp_chat_apply(sv->model, &cp, NULL, 0, *text, *len + 1, len);
         else st = SP_E_NOMEM;
     }
     free(json);
-    bool ok = st == SP_OK ? tokenize_prompt(sv, text, len, SP_TOKENIZE_ADD_BOS | SP_TOKENIZE_PARSE_SPECIAL, r, e)
-                          : bad(e, "'messages': the chat template failed: %s", sp_last_error());
+    if (st == SP_OK) return true;
+    free(*text);
+    *text = NULL;
+    return bad(e, "'messages': the chat template failed: %s", sp_last_error());
+}
+
+/* The prompt of a chat request: its messages through the chat template. */
+static bool chat_prompt(struct srv *sv, const cJSON *o, struct srv_request *r, struct field_err *e) {
+    char *text;
+    size_t len;
+    if (!render_messages(sv, o, &text, &len, e)) return false;
+    const bool ok = tokenize_prompt(sv, text, len, SP_TOKENIZE_ADD_BOS | SP_TOKENIZE_PARSE_SPECIAL, r, e);
     free(text);
     return ok;
 }
@@ -543,6 +615,259 @@ static enum MHD_Result generate(struct srv *sv, struct MHD_Connection *c, struct
     return ret;
 }
 
+/* ---- the other endpoints ------------------------------------------------------------------ */
+
+/* The body as a JSON object, or NULL after answering 400. */
+static cJSON *body_object(struct MHD_Connection *c, struct conn *cn, enum MHD_Result *ret) {
+    cJSON *o = cJSON_ParseWithLength(cn->body.p ? cn->body.p : "", cn->body.n);
+    if (!o) {
+        *ret = send_error(c, 400, "invalid_request_error", "the request body is not valid JSON");
+        return NULL;
+    }
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        *ret = send_error(c, 400, "invalid_request_error", "the request body must be a JSON object");
+        return NULL;
+    }
+    return o;
+}
+
+static enum MHD_Result send_buf(struct MHD_Connection *c, struct buf *b) {
+    const enum MHD_Result r = b->oom ? send_error(c, 500, "server_error", "out of memory") : send_json(c, 200, b->p);
+    free(b->p);
+    return r;
+}
+
+/* POST /tokenize {"content", "add_special" (false), "parse_special" (true),
+ * "with_pieces" (false)} -> {"tokens": [id, ...]} or, with pieces,
+ * {"tokens": [{"id", "piece"}, ...]}: a piece that is not valid UTF-8 on its
+ * own (part of a character) is given as its bytes, an array of numbers. */
+static enum MHD_Result tokenize_ep(struct srv *sv, struct MHD_Connection *c, struct conn *cn) {
+    enum MHD_Result ret = MHD_NO;
+    cJSON *o = body_object(c, cn, &ret);
+    if (!o) return ret;
+    struct field_err e = {{0}};
+    bool add_special = false, parse_special = true, with_pieces = false;
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(o, "content");
+    if (!content) bad(&e, "'content' is required");
+    else if (!cJSON_IsString(content)) bad(&e, "'content' must be a string");
+    else if (bool_field(o, "add_special", &add_special, &e) && bool_field(o, "parse_special", &parse_special, &e))
+        bool_field(o, "with_pieces", &with_pieces, &e);
+    int32_t n = 0, *tok = NULL;
+    if (!e.msg[0]) {
+        const unsigned flags = (add_special ? SP_TOKENIZE_ADD_BOS : 0) | (parse_special ? SP_TOKENIZE_PARSE_SPECIAL : 0);
+        tok = tokenize_text(sv, content->valuestring, strlen(content->valuestring), flags, &n, &e);
+    }
+    cJSON_Delete(o);
+    if (e.msg[0]) return send_error(c, 400, "invalid_request_error", "%s", e.msg);
+    struct buf b = {0};
+    buf_str(&b, "{\"tokens\":[");
+    for (int32_t i = 0; i < n; i++) {
+        if (i) buf_str(&b, ",");
+        if (!with_pieces) {
+            buf_printf(&b, "%d", tok[i]);
+            continue;
+        }
+        char piece[256];
+        size_t np = 0;
+        if (sp_token_to_piece(sv->model, tok[i], piece, sizeof piece, &np) != SP_OK) np = 0;
+        buf_printf(&b, "{\"id\":%d,\"piece\":", tok[i]);
+        if (utf8_valid(piece, np)) {
+            buf_json_str(&b, piece, np);
+        } else {
+            buf_str(&b, "[");
+            for (size_t k = 0; k < np; k++) buf_printf(&b, "%s%u", k ? "," : "", (unsigned char)piece[k]);
+            buf_str(&b, "]");
+        }
+        buf_str(&b, "}");
+    }
+    buf_str(&b, "]}");
+    free(tok);
+    return send_buf(c, &b);
+}
+
+/* POST /detokenize {"tokens": [id, ...]} -> {"content": text}. */
+static enum MHD_Result detokenize_ep(struct srv *sv, struct MHD_Connection *c, struct conn *cn) {
+    enum MHD_Result ret = MHD_NO;
+    cJSON *o = body_object(c, cn, &ret);
+    if (!o) return ret;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "tokens");
+    if (!t || !cJSON_IsArray(t)) {
+        cJSON_Delete(o);
+        return send_error(c, 400, "invalid_request_error", "'tokens' must be an array of token ids");
+    }
+    const int n = cJSON_GetArraySize(t);
+    int32_t *tok = malloc((size_t)(n ? n : 1) * sizeof *tok);
+    if (!tok) {
+        cJSON_Delete(o);
+        return send_error(c, 500, "server_error", "out of memory");
+    }
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, t) {
+        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= sv->info.n_vocab ||
+            it->valuedouble != floor(it->valuedouble)) {
+            cJSON_Delete(o);
+            free(tok);
+            return send_error(c, 400, "invalid_request_error", "'tokens[%d]' is not a token id of this model (0..%d)",
+                              i, sv->info.n_vocab - 1);
+        }
+        tok[i++] = (int32_t)it->valuedouble;
+    }
+    cJSON_Delete(o);
+    size_t len = 0;
+    char *text = NULL;
+    sp_status st = sp_detokenize(sv->model, tok, n, NULL, 0, &len);
+    if (st == SP_E_BUFFER || st == SP_OK) {
+        if ((text = malloc(len + 1))) st = sp_detokenize(sv->model, tok, n, text, len + 1, &len);
+        else st = SP_E_NOMEM;
+    }
+    free(tok);
+    if (st) {
+        free(text);
+        return send_error(c, 500, "server_error", "detokenizing failed: %s", sp_last_error());
+    }
+    struct buf b = {0};
+    buf_str(&b, "{\"content\":");
+    buf_json_str(&b, text, len);
+    buf_str(&b, "}");
+    free(text);
+    return send_buf(c, &b);
+}
+
+/* POST /apply-template {"messages": [...]} -> {"prompt": text}: the prompt a
+ * chat completion of those messages would decode. */
+static enum MHD_Result apply_template_ep(struct srv *sv, struct MHD_Connection *c, struct conn *cn) {
+    enum MHD_Result ret = MHD_NO;
+    cJSON *o = body_object(c, cn, &ret);
+    if (!o) return ret;
+    struct field_err e = {{0}};
+    char *text = NULL;
+    size_t len = 0;
+    const bool ok = render_messages(sv, o, &text, &len, &e);
+    cJSON_Delete(o);
+    if (!ok) return send_error(c, 400, "invalid_request_error", "%s", e.msg);
+    struct buf b = {0};
+    buf_str(&b, "{\"prompt\":");
+    buf_json_str(&b, text, len);
+    buf_str(&b, "}");
+    free(text);
+    return send_buf(c, &b);
+}
+
+/* GET /props: the server's settings as llama-server names them (those that
+ * apply here). */
+static enum MHD_Result props_ep(struct srv *sv, struct MHD_Connection *c) {
+    const struct srv_config *cf = &sv->cfg;
+    struct buf b = {0};
+    buf_printf(&b,
+               "{\"default_generation_settings\":{\"id\":0,\"id_task\":-1,\"n_ctx\":%d,\"is_processing\":false,"
+               "\"params\":{\"n_predict\":%d,\"max_tokens\":%d,\"seed\":-1,\"temperature\":%g,\"top_k\":%d,"
+               "\"top_p\":%g,\"min_p\":%g,\"repeat_last_n\":%d,\"repeat_penalty\":%g,\"presence_penalty\":0,"
+               "\"frequency_penalty\":0,\"stop\":[],\"ignore_eos\":false,\"stream\":false,\"n_probs\":0},"
+               "\"prompt\":\"\"},",
+               cf->sp.n_ctx, cf->max_tokens_cap, cf->max_tokens_cap, DEF_TEMP, DEF_TOP_K, DEF_TOP_P, DEF_MIN_P,
+               DEF_REPEAT_LAST_N, DEF_REPEAT_PENALTY);
+    buf_printf(&b, "\"total_slots\":%d,\"model_path\":", cf->n_slots);
+    buf_json_cstr(&b, cf->model_path);
+    buf_str(&b, ",\"model_alias\":");
+    buf_json_cstr(&b, cf->alias);
+    buf_str(&b, ",\"chat_template\":");
+    if (cf->chat_template) {
+        buf_json_cstr(&b, cf->chat_template);
+    } else {
+        size_t len = 0;
+        char *t = NULL;
+        if (sp_model_meta_str(sv->model, "tokenizer.chat_template", NULL, 0, &len) == SP_E_BUFFER &&
+            (t = malloc(len + 1)) && sp_model_meta_str(sv->model, "tokenizer.chat_template", t, len + 1, &len) == SP_OK)
+            buf_json_str(&b, t, len);
+        else buf_str(&b, "\"\"");
+        free(t);
+    }
+    buf_str(&b, ",\"modalities\":{\"vision\":false,\"audio\":false},\"build_info\":");
+    buf_json_cstr(&b, "sparrow " SPARROW_CLI_VERSION);
+    buf_str(&b, "}");
+    return send_buf(c, &b);
+}
+
+/* A file name for --slot-save-path: one name, nothing that climbs or
+ * descends (no '/', '\\', "..", control characters), at most 255 bytes. */
+static bool slot_filename_ok(const char *f) {
+    const size_t n = strlen(f);
+    if (!n || n > 255 || !strcmp(f, ".") || strstr(f, "..")) return false;
+    for (size_t i = 0; i < n; i++)
+        if (f[i] == '/' || f[i] == '\\' || (unsigned char)f[i] < 0x20 || f[i] == 0x7f) return false;
+    return true;
+}
+
+/* POST /slots/{id}?action=save|restore|erase (body {"filename": ...} for
+ * save and restore): a slot's conversation to a file in --slot-save-path
+ * and back (a session file, sp_session_save / sp_session_load), or its KV
+ * cleared.  The action waits until the slot is idle. */
+static enum MHD_Result slot_action_ep(struct srv *sv, struct MHD_Connection *c, struct conn *cn, const char *url) {
+    if (!sv->cfg.slot_save_path)
+        return send_error(c, 501, "not_supported_error",
+                          "this server does not support slot actions: start it with --slot-save-path DIR");
+    const char *ids = url + strlen("/slots/");
+    char *end = NULL;
+    errno = 0;
+    const long id = strtol(ids, &end, 10);
+    if (!*ids || *end || errno || id < 0 || id >= sv->cfg.n_slots || (ids[0] == '0' && ids[1]))
+        return send_error(c, 400, "invalid_request_error", "'%s' is not a slot id (0..%d)", ids, sv->cfg.n_slots - 1);
+    const char *action = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "action");
+    struct srv_op op = {.slot = (int)id};
+    if (!action) return send_error(c, 400, "invalid_request_error", "'action' is required: save, restore or erase");
+    if (!strcmp(action, "save")) op.kind = SRV_OP_SAVE;
+    else if (!strcmp(action, "restore")) op.kind = SRV_OP_RESTORE;
+    else if (!strcmp(action, "erase")) op.kind = SRV_OP_ERASE;
+    else return send_error(c, 400, "invalid_request_error", "'action' must be save, restore or erase");
+    char filename[256] = "", path[4096];
+    if (op.kind != SRV_OP_ERASE) {
+        enum MHD_Result ret = MHD_NO;
+        cJSON *o = body_object(c, cn, &ret);
+        if (!o) return ret;
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "filename");
+        if (!cJSON_IsString(f) || !slot_filename_ok(f->valuestring)) {
+            cJSON_Delete(o);
+            return send_error(c, 400, "invalid_request_error",
+                              "'filename' must be a file name: not empty, at most 255 bytes, no '/', '\\\\', '..' "
+                              "or control characters");
+        }
+        snprintf(filename, sizeof filename, "%s", f->valuestring);
+        cJSON_Delete(o);
+        const size_t nd = strlen(sv->cfg.slot_save_path);
+        if ((size_t)snprintf(path, sizeof path, "%s%s%s", sv->cfg.slot_save_path,
+                             nd && sv->cfg.slot_save_path[nd - 1] == '/' ? "" : "/", filename) >= sizeof path)
+            return send_error(c, 400, "invalid_request_error", "the path of '%s' is too long", filename);
+        op.path = path;
+        struct stat fst;
+        if (op.kind == SRV_OP_RESTORE && stat(path, &fst) != 0)
+            return send_error(c, 400, "invalid_request_error", "no saved slot named '%s'", filename);
+    }
+    srv_slot_op(sv, &op);
+    if (op.st) {
+        const bool theirs = op.st == SP_E_INVALID || op.st == SP_E_FORMAT;
+        return send_error(c, theirs ? 400 : 500, theirs ? "invalid_request_error" : "server_error", "slot %ld: %s: %s",
+                          id, action, op.error);
+    }
+    struct buf b = {0};
+    buf_printf(&b, "{\"id_slot\":%ld,", id);
+    if (op.kind == SRV_OP_ERASE) {
+        buf_printf(&b, "\"n_erased\":%d}", op.n_tokens);
+        return send_buf(c, &b);
+    }
+    struct stat fst;
+    const long long bytes = stat(path, &fst) == 0 ? (long long)fst.st_size : 0;
+    buf_str(&b, "\"filename\":");
+    buf_json_cstr(&b, filename);
+    if (op.kind == SRV_OP_SAVE)
+        buf_printf(&b, ",\"n_saved\":%d,\"n_written\":%lld,\"timings\":{\"save_ms\":%.3f}}", op.n_tokens, bytes, op.ms);
+    else
+        buf_printf(&b, ",\"n_restored\":%d,\"n_read\":%lld,\"timings\":{\"restore_ms\":%.3f}}", op.n_tokens, bytes,
+                   op.ms);
+    return send_buf(c, &b);
+}
+
 /* ---- routing ------------------------------------------------------------------------------ */
 
 static enum route route_of(const char *url, const char *method, bool *method_ok) {
@@ -554,16 +879,23 @@ static enum route route_of(const char *url, const char *method, bool *method_ok)
         {"/v1/completions", "POST", R_COMPLETION}, {"/completions", "POST", R_COMPLETION},
         {"/v1/models", "GET", R_MODELS},          {"/models", "GET", R_MODELS},
         {"/health", "GET", R_HEALTH},             {"/v1/health", "GET", R_HEALTH},
-        {"/slots", "GET", R_SLOTS},
+        {"/slots", "GET", R_SLOTS},               {"/tokenize", "POST", R_TOKENIZE},
+        {"/detokenize", "POST", R_DETOKENIZE},    {"/apply-template", "POST", R_APPLY_TEMPLATE},
+        {"/props", "GET", R_PROPS},               {"/metrics", "GET", R_METRICS},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(url, routes[i].path)) continue;
         *method_ok = !strcmp(method, routes[i].method);
         return routes[i].r;
     }
+    if (!strncmp(url, "/slots/", 7) && url[7]) { /* /slots/{id}; the id is checked by the endpoint */
+        *method_ok = !strcmp(method, "POST");
+        return R_SLOT_ACTION;
+    }
     *method_ok = false;
     return R_NONE;
 }
+
 
 /* Constant-time comparison of the bearer token with the key. */
 static bool key_ok(const char *key, const char *auth) {
@@ -575,19 +907,40 @@ static bool key_ok(const char *key, const char *auth) {
     return d == 0;
 }
 
+/* Does the request carry one of the keys?  Every key is compared in full. */
+static bool auth_ok(const struct srv_config *cf, const char *auth) {
+    bool ok = false;
+    for (int i = 0; i < cf->n_api_keys; i++) ok |= key_ok(cf->api_keys[i], auth);
+    return ok;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
     struct srv *sv = cls;
     struct conn *cn = *con_cls;
     if (!cn) {
+        /* the headers: answer what needs no body before reading it (a body
+         * over --max-body is then never read, nor kept) */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         cn->sv = sv;
         *con_cls = cn;
+        bool method_ok;
+        cn->rt = route_of(url, method, &method_ok);
+        if (cn->rt == R_NONE) return send_error(c, 404, "not_found_error", "no route %s %s", method, url);
+        if (!method_ok) return send_error(c, 405, "invalid_request_error", "%s does not take %s", url, method);
+        if (sv->cfg.n_api_keys && cn->rt != R_HEALTH &&
+            !auth_ok(&sv->cfg, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
+            return send_error(c, 401, "authentication_error", "invalid API key");
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > BODY_HARD_MAX)
-            return send_error(c, 413, "invalid_request_error", "the request body is larger than %zu bytes",
-                              sv->cfg.max_body);
+        if (cl) {
+            const unsigned long long want = strtoull(cl, NULL, 10);
+            if (want > sv->cfg.max_body)
+                return send_error(c, 413, "invalid_request_error", "the request body is larger than %zu bytes",
+                                  sv->cfg.max_body);
+            if (want && !(cn->body.p = malloc(want + 1))) return MHD_NO; /* the whole body, once */
+            cn->body.cap = want ? want + 1 : 0;
+        }
         return MHD_YES;
     }
     if (*upload_size) {
@@ -597,13 +950,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return MHD_YES;
     }
     if (cn->body.oom) return send_error(c, 500, "server_error", "out of memory");
-    bool method_ok;
-    const enum route rt = route_of(url, method, &method_ok);
-    if (rt == R_NONE) return send_error(c, 404, "not_found_error", "no route %s %s", method, url);
-    if (!method_ok) return send_error(c, 405, "invalid_request_error", "%s does not take %s", url, method);
-    if (sv->cfg.api_key && rt != R_HEALTH &&
-        !key_ok(sv->cfg.api_key, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
-        return send_error(c, 401, "authentication_error", "invalid API key");
+    const enum route rt = cn->rt;
     if (cn->too_big)
         return send_error(c, 413, "invalid_request_error", "the request body is larger than %zu bytes",
                           sv->cfg.max_body);
@@ -629,6 +976,26 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         free(j);
         return r;
     }
+    case R_SLOT_ACTION:
+        return slot_action_ep(sv, c, cn, url);
+    case R_TOKENIZE:
+        return tokenize_ep(sv, c, cn);
+    case R_DETOKENIZE:
+        return detokenize_ep(sv, c, cn);
+    case R_APPLY_TEMPLATE:
+        return apply_template_ep(sv, c, cn);
+    case R_PROPS:
+        return props_ep(sv, c);
+    case R_METRICS: {
+        if (!sv->cfg.metrics)
+            return send_error(c, 501, "not_supported_error",
+                              "this server does not serve metrics: start it with --metrics");
+        char *t = srv_metrics_text(sv);
+        const enum MHD_Result r = t ? send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", t, strlen(t))
+                                    : send_error(c, 500, "server_error", "out of memory");
+        free(t);
+        return r;
+    }
     case R_CHAT:
     case R_COMPLETION:
         return generate(sv, c, cn, rt == R_CHAT);
@@ -644,6 +1011,15 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     free(cn->body.p);
     free(cn);
     *con_cls = NULL;
+#ifdef __GLIBC__
+    /* Every TRIM_EVERY requests, hand the heap's free pages back to the OS:
+     * what concurrent connections needed at their peak stays mapped but
+     * free, and later allocations would touch ever more of it, a slow creep
+     * of the resident set (bench/serve-load.sh measured ~1.5 KB a request
+     * before).  One walk over a heap of a few MiB: microseconds. */
+    static _Atomic unsigned long n_done;
+    if (++n_done % TRIM_EVERY == 0) malloc_trim(0);
+#endif
 }
 
 /* ---- the daemon ----------------------------------------------------------------------------- */
@@ -680,7 +1056,11 @@ int srv_http_run(struct srv *sv) {
     struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, handler, sv, MHD_OPTION_SOCK_ADDR, &ss,
                                             MHD_OPTION_NOTIFY_COMPLETED, completed, sv,
                                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
-                                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)256, MHD_OPTION_END);
+                                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)256,
+                                            /* over 32 KiB, a connection's pool is mmap'd (and unmapped
+                                             * when it closes) instead of a malloc'd 32 KiB: each
+                                             * connection's pool then leaves no hole in the heap */
+                                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 << 10), MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "sparrow serve: cannot listen on %s port %d: %s\n", sv->cfg.host, sv->cfg.port,
                 strerror(errno));

@@ -27,9 +27,14 @@
 #include "../common/cli.h"
 #include "gen/stream.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MIN_I32(a, b) ((a) < (b) ? (a) : (b))
 #define MAX_I32(a, b) ((a) > (b) ? (a) : (b))
@@ -139,8 +144,17 @@ static void slot_finish(struct srv *sv, struct srv_slot *sl, enum srv_finish how
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     sp_stop_free(&f->stop);
+    const double now = now_s();
     pthread_mutex_lock(&sv->mu);
+    struct srv_metrics *m = &sv->m;
+    m->prompt_tokens += (uint64_t)(sl->n_fed - r->n_cached);
+    m->prompt_cached += (uint64_t)r->n_cached;
+    m->predicted += (uint64_t)r->n_gen;
+    if (sl->t_begin > 0) m->prompt_s += (r->t_first ? r->t_first : now) - sl->t_begin;
+    if (r->t_first) m->predicted_s += now - r->t_first;
+    m->finished[r->finish]++;
     sl->req = NULL;
+    sl->t_begin = 0;
     sl->n_requests++;
     pthread_mutex_unlock(&sv->mu);
     srv_request_release(r);
@@ -169,6 +183,7 @@ static bool slot_begin(struct srv *sv, struct srv_slot *sl, struct srv_request *
     }
     sp_session_set_seed(sl->s, r->seed);
     sl->n_fed = k;
+    sl->t_begin = now_s();
     pthread_mutex_lock(&r->mu);
     r->n_cached = k;
     pthread_mutex_unlock(&r->mu);
@@ -228,6 +243,77 @@ static bool any_active(const struct srv *sv) {
     return false;
 }
 
+/* ---- slot actions ---------------------------------------------------------------- */
+
+/* Is a slot action waiting for slot i?  (under sv->mu) */
+static bool op_pending(const struct srv *sv, int i) {
+    for (const struct srv_op *op = sv->ops; op; op = op->next)
+        if (op->slot == i) return true;
+    return false;
+}
+
+static void op_done(struct srv *sv, struct srv_op *op) {
+    pthread_mutex_lock(&sv->mu);
+    op->done = true;
+    if (op->st == SP_OK) sv->m.slot_ops++;
+    pthread_cond_broadcast(&sv->op_cv);
+    pthread_mutex_unlock(&sv->mu);
+}
+
+/* Run op on its (idle) slot: the scheduler thread's, between steps. */
+static void op_run(struct srv *sv, struct srv_op *op) {
+    struct sp_session *s = sv->slots[op->slot].s;
+    const double t0 = now_s();
+    op->st = SP_OK;
+    switch (op->kind) {
+    case SRV_OP_SAVE:
+        op->n_tokens = sp_session_n_past(s);
+        op->st = sp_session_save(s, op->path);
+        break;
+    case SRV_OP_RESTORE:
+        op->st = sp_session_load(s, op->path);
+        op->n_tokens = sp_session_n_past(s);
+        break;
+    case SRV_OP_ERASE:
+        op->n_tokens = sp_session_n_past(s);
+        sp_session_reset(s);
+        break;
+    }
+    if (op->st) snprintf(op->error, sizeof op->error, "%s", sp_last_error());
+    op->ms = (now_s() - t0) * 1e3;
+    op_done(sv, op);
+}
+
+/* Take the first action whose slot is idle off the list (under sv->mu). */
+static struct srv_op *op_take(struct srv *sv) {
+    for (struct srv_op **p = &sv->ops; *p; p = &(*p)->next) {
+        struct srv_op *op = *p;
+        if (sv->slots[op->slot].req) continue;
+        *p = op->next;
+        op->next = NULL;
+        return op;
+    }
+    return NULL;
+}
+
+void srv_slot_op(struct srv *sv, struct srv_op *op) {
+    op->done = false;
+    op->next = NULL;
+    pthread_mutex_lock(&sv->mu);
+    if (sv->stop || !sv->ready) {
+        op->st = SP_E_STATE;
+        snprintf(op->error, sizeof op->error, "the server is shutting down");
+        op->done = true;
+    } else {
+        struct srv_op **p = &sv->ops;
+        while (*p) p = &(*p)->next;
+        *p = op;
+        pthread_cond_signal(&sv->cv);
+    }
+    while (!op->done) pthread_cond_wait(&sv->op_cv, &sv->mu);
+    pthread_mutex_unlock(&sv->mu);
+}
+
 /* Give idle slots to queued requests (under sv->mu).  begun[] receives the
  * slots given. */
 static int assign(struct srv *sv, int *begun) {
@@ -236,7 +322,7 @@ static int assign(struct srv *sv, int *begun) {
         struct srv_request *r = sv->head;
         int best = -1, best_k = -1;
         for (int i = 0; i < sv->cfg.n_slots; i++) {
-            if (sv->slots[i].req) continue;
+            if (sv->slots[i].req || op_pending(sv, i)) continue;
             const int32_t k = prefix_len(&sv->slots[i], r);
             if (k > best_k) best = i, best_k = k;
         }
@@ -267,10 +353,17 @@ static void *sched_main(void *arg) {
     const int32_t room = sp_batch_n_tokens(sv->batch);
     for (;;) {
         pthread_mutex_lock(&sv->mu);
-        while (!sv->stop && !sv->head && !any_active(sv)) pthread_cond_wait(&sv->cv, &sv->mu);
+        for (int i = 0; i < ns; i++) sv->slots[i].n_past = sp_session_n_past(sv->slots[i].s); /* for /metrics */
+        while (!sv->stop && !sv->head && !sv->ops && !any_active(sv)) pthread_cond_wait(&sv->cv, &sv->mu);
         if (sv->stop) {
             pthread_mutex_unlock(&sv->mu);
             break;
+        }
+        /* slot actions first: their slots take no new request meanwhile */
+        for (struct srv_op *op; (op = op_take(sv));) {
+            pthread_mutex_unlock(&sv->mu);
+            op_run(sv, op);
+            pthread_mutex_lock(&sv->mu);
         }
         const int n_begun = assign(sv, begun);
         pthread_mutex_unlock(&sv->mu);
@@ -308,7 +401,12 @@ static void *sched_main(void *arg) {
         }
         if (!n) continue;
         const sp_status st = sp_batch_decode(sv->batch, ss, tk, nt, n);
+        pthread_mutex_lock(&sv->mu);
         sv->n_steps++;
+        if (!st) sv->n_tokens_decoded += (uint64_t)used;
+        sv->m.n_decode++;
+        sv->m.busy_slots += (uint64_t)n;
+        pthread_mutex_unlock(&sv->mu);
         if (st) {
             /* a full context or an I/O error: those requests end with it */
             char msg[256];
@@ -320,7 +418,6 @@ static void *sched_main(void *arg) {
             }
             continue;
         }
-        sv->n_tokens_decoded += (uint64_t)used;
         for (int k = 0; k < n; k++) {
             struct srv_slot *sl = &sv->slots[idx[k]];
             const bool prompting = sl->n_fed < sl->req->n_prompt;
@@ -345,6 +442,13 @@ out:
         refuse(r, "the server is shutting down");
     }
     sv->tail = NULL;
+    /* slot actions asked for before the stop still run (every slot is idle
+     * now): a save waiting for its slot's request is done on SIGTERM */
+    for (struct srv_op *op; (op = op_take(sv));) {
+        pthread_mutex_unlock(&sv->mu);
+        op_run(sv, op);
+        pthread_mutex_lock(&sv->mu);
+    }
     pthread_mutex_unlock(&sv->mu);
     free(ss);
     free(tk);
@@ -360,6 +464,7 @@ int srv_start(struct srv *sv) {
     const struct srv_config *c = &sv->cfg;
     pthread_mutex_init(&sv->mu, NULL);
     pthread_cond_init(&sv->cv, NULL);
+    pthread_cond_init(&sv->op_cv, NULL);
     struct sp_session_params sp = c->sp;
     sp.n_batch = 1; /* sessions never decode on their own: the batch does */
     /* the budget plans room for n_slots sessions like the slots */
@@ -441,4 +546,111 @@ char *srv_slots_json(struct srv *sv) {
     pthread_mutex_unlock(&sv->mu);
     snprintf(out + n, cap - n, "]");
     return out;
+}
+
+/* ---- /metrics ------------------------------------------------------------------------ */
+
+struct mbuf {
+    char *p;
+    size_t n, cap;
+};
+
+static void mput(struct mbuf *b, const char *name, const char *type, const char *help, double v) {
+    if (!b->p) return;
+    for (;;) {
+        /* whole numbers (counts) in full, the others to 9 digits */
+        const bool whole = v == floor(v) && fabs(v) < 1e15;
+        const int k = snprintf(b->p + b->n, b->cap - b->n, whole ? "# HELP %s %s\n# TYPE %s %s\n%s %.0f\n"
+                                                                 : "# HELP %s %s\n# TYPE %s %s\n%s %.9g\n",
+                               name, help, name, type, name, v);
+        if (k >= 0 && (size_t)k < b->cap - b->n) {
+            b->n += (size_t)k;
+            return;
+        }
+        char *p = realloc(b->p, b->cap * 2);
+        if (!p) {
+            free(b->p);
+            b->p = NULL;
+            return;
+        }
+        b->p = p;
+        b->cap *= 2;
+    }
+}
+
+/* Prometheus' text format, version 0.0.4: llama-server's names (llamacpp:)
+ * where it has the figure, sparrow: for the ones it lacks. */
+char *srv_metrics_text(struct srv *sv) {
+    struct mbuf b = {.cap = 4096};
+    if (!(b.p = malloc(b.cap))) return NULL;
+    b.p[0] = '\0';
+    pthread_mutex_lock(&sv->mu);
+    const struct srv_metrics m = sv->m;
+    int busy = 0;
+    int64_t kv_tokens = 0;
+    for (int i = 0; i < sv->cfg.n_slots; i++) {
+        busy += sv->slots[i].req != NULL;
+        kv_tokens += sv->slots[i].n_past;
+    }
+    const int queued = sv->n_queued;
+    int ops_waiting = 0;
+    for (const struct srv_op *op = sv->ops; op; op = op->next) ops_waiting++;
+    pthread_mutex_unlock(&sv->mu);
+    const double kv_cap = (double)sv->cfg.n_slots * sv->cfg.sp.n_ctx;
+    uint64_t n_finished = 0;
+    for (int i = 1; i < 5; i++) n_finished += m.finished[i];
+    mput(&b, "llamacpp:prompt_tokens_total", "counter", "Prompt tokens decoded (prefixes a slot already held not counted).",
+         (double)m.prompt_tokens);
+    mput(&b, "llamacpp:prompt_seconds_total", "counter",
+         "Seconds from each request getting its slot to its first token, summed.", m.prompt_s);
+    mput(&b, "llamacpp:tokens_predicted_total", "counter", "Tokens generated.", (double)m.predicted);
+    mput(&b, "llamacpp:tokens_predicted_seconds_total", "counter",
+         "Seconds from each request's first token to its end, summed.", m.predicted_s);
+    mput(&b, "llamacpp:n_decode_total", "counter", "Batched decode steps.", (double)m.n_decode);
+    mput(&b, "llamacpp:n_busy_slots_per_decode", "gauge", "Slots active per decode step, on average.",
+         m.n_decode ? (double)m.busy_slots / (double)m.n_decode : 0);
+    mput(&b, "llamacpp:prompt_tokens_seconds", "gauge", "Prompt tokens per second, on average.",
+         m.prompt_s > 0 ? (double)m.prompt_tokens / m.prompt_s : 0);
+    mput(&b, "llamacpp:predicted_tokens_seconds", "gauge", "Generated tokens per second per request, on average.",
+         m.predicted_s > 0 ? (double)m.predicted / m.predicted_s : 0);
+    mput(&b, "llamacpp:kv_cache_usage_ratio", "gauge", "Share of the slots' KV cache cells in use.",
+         kv_cap > 0 ? (double)kv_tokens / kv_cap : 0);
+    mput(&b, "llamacpp:kv_cache_tokens", "gauge", "Tokens held in the slots' KV caches.", (double)kv_tokens);
+    mput(&b, "llamacpp:requests_processing", "gauge", "Requests being decoded (slots busy).", busy);
+    mput(&b, "llamacpp:requests_deferred", "gauge", "Requests waiting for a slot.", queued);
+    mput(&b, "sparrow:prompt_tokens_cached_total", "counter", "Prompt tokens a slot already held (not decoded again).",
+         (double)m.prompt_cached);
+    mput(&b, "sparrow:requests_finished_total", "counter", "Requests that ended, however they ended.",
+         (double)n_finished);
+    mput(&b, "sparrow:requests_stopped_total", "counter", "Requests ended by an end-of-generation token or a stop string.",
+         (double)m.finished[SRV_STOP]);
+    mput(&b, "sparrow:requests_length_total", "counter", "Requests ended by max_tokens or a full context.",
+         (double)m.finished[SRV_LENGTH]);
+    mput(&b, "sparrow:requests_failed_total", "counter", "Requests ended by an error (decode, timeout, shutdown).",
+         (double)m.finished[SRV_ERROR]);
+    mput(&b, "sparrow:requests_cancelled_total", "counter", "Requests whose client went away.",
+         (double)m.finished[SRV_CANCELLED]);
+    mput(&b, "sparrow:slot_actions_total", "counter", "Slot saves, restores and erases done.", (double)m.slot_ops);
+    mput(&b, "sparrow:slot_actions_waiting", "gauge", "Slot actions waiting for their slot's request to end.",
+         ops_waiting);
+    mput(&b, "sparrow:slots_total", "gauge", "Slots (-np).", sv->cfg.n_slots);
+    /* the process's memory, for watching it over time (test_serve_load.sh) */
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        long size = 0;
+        if (fscanf(f, "%ld %ld", &size, &pages) != 2) pages = 0;
+        fclose(f);
+    }
+    mput(&b, "process_resident_memory_bytes", "gauge", "Resident set size in bytes.",
+         (double)pages * (double)sysconf(_SC_PAGESIZE));
+#ifdef __GLIBC__
+    const struct mallinfo2 mi = mallinfo2();
+    mput(&b, "sparrow:heap_in_use_bytes", "gauge", "Bytes malloc has handed out and not had back (glibc mallinfo2).",
+         (double)(mi.uordblks + mi.hblkhd));
+    mput(&b, "sparrow:heap_free_bytes", "gauge",
+         "Bytes free inside malloc's heap: kept by the allocator, resident or not (glibc mallinfo2).",
+         (double)mi.fordblks);
+#endif
+    return b.p;
 }

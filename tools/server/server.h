@@ -67,7 +67,41 @@ struct srv_config {
     size_t max_body;          /* bytes of a request body */
     int32_t max_tokens_cap;   /* max_tokens accepted at most */
     double timeout_s;         /* a request's whole time, 0 = none */
-    const char *api_key;      /* NULL: none */
+    const char **api_keys;    /* (n_api_keys) accepted bearer tokens; none: no check */
+    int n_api_keys;
+    const char *slot_save_path; /* NULL: the slot actions answer 501 */
+    bool metrics;             /* GET /metrics served (501 otherwise) */
+};
+
+/* A slot action (POST /slots/{id}?action=...): run by the scheduler once the
+ * slot is idle, so that no step decodes the session meanwhile; the HTTP
+ * thread that queued it waits on sv->op_cv until done. */
+enum srv_op_kind { SRV_OP_SAVE, SRV_OP_RESTORE, SRV_OP_ERASE };
+
+struct srv_op {
+    enum srv_op_kind kind;
+    int slot;
+    const char *path;         /* the file (save, restore) */
+    /* the outcome, set by the scheduler before done */
+    bool done;
+    sp_status st;
+    char error[512];
+    int32_t n_tokens;         /* saved, restored or erased */
+    double ms;
+    struct srv_op *next;
+};
+
+/* What GET /metrics reports (under sv->mu). */
+struct srv_metrics {
+    uint64_t prompt_tokens;   /* prompt tokens decoded (the slots' cached prefixes not counted) */
+    uint64_t prompt_cached;   /* prompt tokens a slot already held */
+    double prompt_s;          /* each request's time from its slot to its first token, summed */
+    uint64_t predicted;       /* tokens generated */
+    double predicted_s;       /* each request's time from its first token to its end, summed */
+    uint64_t n_decode;        /* steps (sp_batch_decode calls) */
+    uint64_t busy_slots;      /* slots active in those steps, summed */
+    uint64_t finished[5];     /* requests ended, by enum srv_finish (0 unused) */
+    uint64_t slot_ops;        /* slot actions done */
 };
 
 struct srv_slot {
@@ -76,6 +110,8 @@ struct srv_slot {
     int32_t n_fed;            /* prompt tokens decoded so far for req */
     int32_t last;             /* the token sampled last, fed next */
     uint64_t n_requests;      /* served */
+    double t_begin;           /* when req got the slot */
+    int32_t n_past;           /* tokens held, as of the scheduler's last look (under sv->mu) */
     /* the text filters of the request it serves (gen/stream.h) */
     void *filters;
 };
@@ -94,6 +130,9 @@ struct srv {
     bool stop;
     bool ready;               /* /health: the model is loaded */
     uint64_t n_steps, n_tokens_decoded;
+    struct srv_op *ops;       /* slot actions waiting for their slot (under mu) */
+    pthread_cond_t op_cv;     /* an action done (under mu) */
+    struct srv_metrics m;     /* under mu */
 };
 
 /* ---- sched.c -------------------------------------------------------------- */
@@ -115,8 +154,14 @@ void srv_submit(struct srv *sv, struct srv_request *r);
 /* The client is gone: the scheduler frees the slot at its next step. */
 void srv_cancel(struct srv_request *r);
 
+/* Run a slot action on the scheduler thread, waiting until it is done
+ * (op->done, op->st; SP_E_STATE with op->error when the server stops). */
+void srv_slot_op(struct srv *sv, struct srv_op *op);
+
 /* /slots as JSON (malloc'd). */
 char *srv_slots_json(struct srv *sv);
+/* /metrics in Prometheus' text format (malloc'd). */
+char *srv_metrics_text(struct srv *sv);
 
 /* ---- http.c ------------------------------------------------------------------ */
 
