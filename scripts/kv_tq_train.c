@@ -101,7 +101,8 @@ static float fit(const float *x, int *code, float *dout) {
     int tmp[B];
     for (int j = 0; j < B; j++)
         if (fabsf(x[j]) > amax) amax = fabsf(x[j]), xm = x[j];
-    for (int c = 0; c < 1 << nb[0]; c++) lo = fminf(lo, lev(0, 0, c)), hi = fmaxf(hi, lev(0, 0, c));
+    for (int c = 0; c < 1 << nb[0]; c++)
+        lo = fminf(lo, lev(0, 0, c)), hi = fmaxf(hi, lev(0, 0, c));
     for (int end = 0; end < 2; end++) {
         for (int k = 0; k < CANDIDATES; k++) {
             float d = xm / ((end ? hi : lo) * (1.0f + (float)(k - CANDIDATES / 2) / (2.0f * CANDIDATES)));
@@ -155,7 +156,8 @@ int main(int argc, char **argv) {
         if (nb[j] < 1 || nb[j] > 5) return 2;
         const int p = j ? nb[j - 1] : 0;
         int k = 0;
-        while (k < ncls && !(clsprev[k] == p && clscur[k] == nb[j])) k++;
+        while (k < ncls && !(clsprev[k] == p && clscur[k] == nb[j]))
+            k++;
         if (k == ncls) {
             if (ncls == NCLS) return 2;
             clsprev[k] = p, clscur[k] = nb[j], ncls++;
@@ -173,7 +175,8 @@ int main(int argc, char **argv) {
     int *codes = malloc(sizeof(int) * (size_t)N * B);
     static double num[NCLS][MAXC][MAXC], den[NCLS][MAXC][MAXC];
     if (!X || !codes) return 1;
-    for (long i = 0; i < (long)N * B; i++) X[i] = (float)grand();
+    for (long i = 0; i < (long)N * B; i++)
+        X[i] = (float)grand();
     for (int ep = 0; ep <= epochs; ep++) {
         double err = 0, en = 0;
         memset(num, 0, sizeof num);
@@ -201,7 +204,8 @@ int main(int argc, char **argv) {
                 }
         for (int t = 0; t < ncls; t++)
             for (int s = 0; s < MAXC; s++)
-                for (int c = 0; c < MAXC; c++) T[t][s][c] *= 127.0f / mx;
+                for (int c = 0; c < MAXC; c++)
+                    T[t][s][c] *= 127.0f / mx;
         FILE *f = fopen(out, "wb");
         if (!f || fwrite(T, sizeof T, 1, f) != 1) return 1;
         fclose(f);
