@@ -143,12 +143,14 @@ if ! cmp -s "$tmp/out" "$tmp/gen1.json"; then ok "eval --gen: another seed, anot
 # ---- KV cache types: q4h against q4_0 in the same run --------------------------------------
 # On the tiny-qwen F32 files (32-wide heads) and the first 6000 bytes of the
 # excerpt, each model against itself with an F32 cache: q4h's KL must stay
-# well under q4_0's at the same 4.5 bits.  Its value-bias rewrite (qwen2) and
+# under half of q4_0's at the same 4.5 bits (issue 15's bar, against
+# llama.cpp's q4_0, which ours matches).  Its value-bias rewrite (qwen2) and
 # key balance (qwen3's q/k norms) are exact only if done right (a wrong RoPE
-# pairing or a lost bias shows up as a larger KL).  Ratios measured: qwen2
-# 0.61, qwen3 0.49 (before the rewrites 0.66 and 0.52).
+# pairing or a lost bias shows up as a larger KL), and its trellis code
+# must decode what was stored.  Ratios measured: qwen2 0.446, qwen3 0.380
+# (with q4h's 4-bit levels before the trellis code 0.61 and 0.49).
 head -c 6000 "$text" >"$tmp/kv.txt"
-for qm in qwen2:0.64 qwen3:0.51; do
+for qm in qwen2:0.48 qwen3:0.42; do
     model=${qm%%:*} ratio=${qm#*:}
     if need "models/tiny-qwen/tiny-$model-f32.gguf"; then
         for ct in q4_0 q4h; do

@@ -186,36 +186,39 @@ static void test_save_load(void) {
         printf("  refused, %s: %s\n", cases[k].what, sp_last_error());
     }
     CHECK(sp_session_load(b, tmp_path("missing.session")) == SP_E_IO);
-    /* version 1 (before q4h's value-bias and key-balance rewrites): read
-     * for f16, refused for q4h with a message */
-    for (int q = 0; bytes && q < 2; q++) {
-        struct sp_session_params sh = params(128, SP_KV_Q4H, 0.0f);
-        struct sp_session *src = q ? session(m, &sh) : a, *dst = q ? session(m2, &sh) : b;
-        size_t nv = n;
-        unsigned char *v1 = bytes;
-        if (q && src && dst && sp_decode(src, p, NP) == SP_OK && sp_session_save(src, path) == SP_OK)
-            v1 = (unsigned char *)test_read_file(path, &nv);
-        if (src && dst && v1 && nv > 40) {
-            CHECK(v1[8] == 2);
-            v1[8] = 1;
-            CHECK(sp_sha256(v1, nv - SP_SHA256_BYTES, v1 + nv - SP_SHA256_BYTES) == SP_OK);
-            FILE *f = fopen(bad, "wb");
-            CHECK(f && fwrite(v1, 1, nv, f) == nv);
-            if (f) fclose(f);
-            const sp_status st = sp_session_load(dst, bad);
-            if (q) {
-                CHECKF(st == SP_E_FORMAT && strstr(sp_last_error(), "q4h"), "version 1 q4h: %s (%s)",
-                       sp_status_str(st), sp_last_error());
-                printf("  refused, a version 1 q4h file: %s\n", sp_last_error());
-            } else {
-                CHECKF(st == SP_OK && sp_session_n_past(dst) == NP, "version 1 f16: %s (%s)", sp_status_str(st),
-                       sp_last_error());
+    /* versions 1 (before q4h's value-bias and key-balance rewrites) and 2
+     * (q4h as 4-bit levels, before its trellis code): read for f16,
+     * refused for q4h with a message */
+    for (int ver = 1; ver <= 2; ver++) {
+        for (int q = 0; bytes && q < 2; q++) {
+            struct sp_session_params sh = params(128, SP_KV_Q4H, 0.0f);
+            struct sp_session *src = q ? session(m, &sh) : a, *dst = q ? session(m2, &sh) : b;
+            size_t nv = n;
+            unsigned char *v1 = bytes;
+            if (q && src && dst && sp_decode(src, p, NP) == SP_OK && sp_session_save(src, path) == SP_OK)
+                v1 = (unsigned char *)test_read_file(path, &nv);
+            if (src && dst && v1 && nv > 40) {
+                CHECK(v1[8] == 3 || (v1 == bytes && ver == 2 && v1[8] == 1)); /* bytes: set to 1 before */
+                v1[8] = (unsigned char)ver;
+                CHECK(sp_sha256(v1, nv - SP_SHA256_BYTES, v1 + nv - SP_SHA256_BYTES) == SP_OK);
+                FILE *f = fopen(bad, "wb");
+                CHECK(f && fwrite(v1, 1, nv, f) == nv);
+                if (f) fclose(f);
+                const sp_status st = sp_session_load(dst, bad);
+                if (q) {
+                    CHECKF(st == SP_E_FORMAT && strstr(sp_last_error(), "q4h"), "version %d q4h: %s (%s)", ver,
+                           sp_status_str(st), sp_last_error());
+                    printf("  refused, a version %d q4h file: %s\n", ver, sp_last_error());
+                } else {
+                    CHECKF(st == SP_OK && sp_session_n_past(dst) == NP, "version %d f16: %s (%s)", ver,
+                           sp_status_str(st), sp_last_error());
+                }
             }
-        }
-        if (q) {
-            if (v1 != bytes) free(v1);
-            sp_session_free(src);
-            sp_session_free(dst);
+            if (q) {
+                if (v1 != bytes) free(v1);
+                sp_session_free(src);
+                sp_session_free(dst);
+            }
         }
     }
     free(bytes);

@@ -73,15 +73,18 @@ sp_status sp_session_file_parse(struct sp_file *f, sp_session_row_bytes_fn row_b
     out->next_pos = (int32_t)rd32(b + 80);
     out->n_discarded = rd64(b + 84);
     out->n_shifts = rd32(b + 92);
-    if (version < 2 && (out->type_k == SP_SESSION_TYPE_Q4H || out->type_v == SP_SESSION_TYPE_Q4H))
-        return BAD("%s: session file version %u holds q4h rows in their old form (values with their bias, keys not "
-                   "balanced per channel); this Sparrow stores q4h as version %u: save the session again",
-                   path, version, SP_SESSION_VERSION);
+    if (version < 3 && (out->type_k == SP_SESSION_TYPE_Q4H || out->type_v == SP_SESSION_TYPE_Q4H)) {
+        const char *was = version < 2 ? "values with their bias, keys not balanced per channel"
+                                      : "4-bit levels, before the trellis code";
+        return BAD("%s: session file version %u holds q4h rows in an old code (%s); this Sparrow stores q4h as "
+                   "version %u: save the session again",
+                   path, version, was, SP_SESSION_VERSION);
+    }
     for (int i = 0; i < 4; i++) out->rng[i] = rd64(b + 96 + 8 * i);
     if (out->n_layers == 0 || out->n_layers > 4096 || out->n_kv_heads == 0 || out->n_kv_heads > 4096)
         return BAD("%s: session geometry out of range (%u layers, %u KV heads)", path, out->n_layers,
                    out->n_kv_heads);
-    const size_t rk = row_bytes(out->type_k, out->hd_k), rv = row_bytes(out->type_v, out->hd_v);
+    const size_t rk = row_bytes(out->type_k, out->hd_k, false), rv = row_bytes(out->type_v, out->hd_v, true);
     if (rk == 0) return BAD("%s: session key type %u with head size %u is not one this Sparrow stores", path,
                             out->type_k, out->hd_k);
     if (rv == 0) return BAD("%s: session value type %u with head size %u is not one this Sparrow stores", path,

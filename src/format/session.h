@@ -6,7 +6,7 @@
  *
  *   offset  size  field
  *   0       8     magic "SPSESS\0\1"
- *   8       4     version (2; 1 is still read unless it holds q4h rows)
+ *   8       4     version (3; 1 and 2 are still read unless they hold q4h rows)
  *   12      4     header bytes (the fixed part: 128)
  *   16      32    model fingerprint (SHA-256 of what identifies the model)
  *   48      4     n_ctx the session was made with
@@ -30,11 +30,14 @@
 #include "core/file.h"
 #include "core/hash.h"
 
+#include <stdbool.h>
+
 #define SP_SESSION_MAGIC "SPSESS\0\1"
-#define SP_SESSION_VERSION 2u
-/* Version 1 files are read too, except with a q4h key or value type: their
- * q4h rows predate the value-bias and key-balance rewrites (docs/MEMORY.md,
- * "KV cache types") and would decode as different keys and values. */
+#define SP_SESSION_VERSION 3u
+/* Version 1 and 2 files are read too, except with a q4h key or value type:
+ * their q4h rows are older codes (version 1: before the value-bias and
+ * key-balance rewrites; version 2: the 4-bit non-uniform levels of i4n_b32,
+ * before the trellis code of quant/kv_tq.c) and would not decode. */
 #define SP_SESSION_VERSION_MIN 1u
 #define SP_SESSION_TYPE_Q4H 4u /* enum sp_kv_type's SP_KV_Q4H */
 #define SP_SESSION_HEADER_BYTES 128u
@@ -54,9 +57,10 @@ struct sp_session_file {
     uint64_t cell_bytes; /* KV bytes of one cell */
 };
 
-/* Row bytes of a KV type for a head size; 0 = unknown type or a head size
- * it cannot take (the caller's knowledge: quant/kv.h). */
-typedef size_t (*sp_session_row_bytes_fn)(uint32_t type, uint32_t hd);
+/* Row bytes of a KV type for a head size, of its key rows or (value) its
+ * value rows; 0 = unknown type or a head size it cannot take (the caller's
+ * knowledge: quant/kv.h). */
+typedef size_t (*sp_session_row_bytes_fn)(uint32_t type, uint32_t hd, bool value);
 
 /* Parse f's header and lay out its sections: SP_E_FORMAT naming the field
  * for a bad magic, version, header size, geometry, count, or a file whose

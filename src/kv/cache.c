@@ -45,11 +45,12 @@ sp_status sp_kv_geom_check(const struct sp_kv_geom *g) {
 
 uint64_t sp_kv_cell_bytes(const struct sp_kv_geom *g) {
     return (uint64_t)g->n_layers * g->n_kv_heads * (sp_kv_row_bytes(g->type_k, (int32_t)g->hd_k) +
-                                                    sp_kv_row_bytes(g->type_v, (int32_t)g->hd_v));
+                                                    sp_kv_row_bytes(sp_kv_value_rows(g->type_v), (int32_t)g->hd_v));
 }
 
 static size_t head_bytes(const struct sp_kv_geom *g) {
-    return SP_KV_BLOCK * (sp_kv_row_bytes(g->type_k, (int32_t)g->hd_k) + sp_kv_row_bytes(g->type_v, (int32_t)g->hd_v));
+    return SP_KV_BLOCK * (sp_kv_row_bytes(g->type_k, (int32_t)g->hd_k) +
+                          sp_kv_row_bytes(sp_kv_value_rows(g->type_v), (int32_t)g->hd_v));
 }
 
 static size_t block_bytes(const struct sp_kv_geom *g) {
@@ -68,7 +69,7 @@ sp_status sp_kv_cache_init(const struct sp_kv_geom *g, struct sp_kv_cache **out)
     if (!kv) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     kv->g = *g;
     kv->rb_k = sp_kv_row_bytes(g->type_k, (int32_t)g->hd_k);
-    kv->rb_v = sp_kv_row_bytes(g->type_v, (int32_t)g->hd_v);
+    kv->rb_v = sp_kv_row_bytes(sp_kv_value_rows(g->type_v), (int32_t)g->hd_v);
     kv->head_bytes = head_bytes(g);
     kv->block_bytes = block_bytes(g);
     kv->pages = sp_calloc(PTR_PAGES, sizeof *kv->pages);
@@ -249,7 +250,7 @@ static void store_task(void *arg, int ith, int nth) {
         const uint32_t slot = j->c->slot[j->c0 + t];
         sp_kv_row_store(g->type_k, j->k + ((size_t)t * g->n_kv_heads + kh) * g->hd_k,
                         k_row(j->kv, slot, j->il, kh), (int32_t)g->hd_k);
-        sp_kv_row_store(g->type_v, j->v + ((size_t)t * g->n_kv_heads + kh) * g->hd_v,
+        sp_kv_row_store(sp_kv_value_rows(g->type_v), j->v + ((size_t)t * g->n_kv_heads + kh) * g->hd_v,
                         v_row(j->kv, slot, j->il, kh), (int32_t)g->hd_v);
     }
 }
@@ -460,7 +461,7 @@ static void run_wide(const struct attn_job *j, struct attn_scratch *s, uint32_t 
             for (uint32_t i = 0; i < hide; i++) sr[i] = -INFINITY;
         }
         j->kern->softmax_t(s->st, (int32_t)nt, (int32_t)nqp, s->mw, s->lw, s->keep);
-        sp_kv_rows_to_float(g->type_v, s->vp, (int32_t)nt, (int32_t)hdv, s->vt);
+        sp_kv_rows_to_float(sp_kv_value_rows(g->type_v), s->vp, (int32_t)nt, (int32_t)hdv, s->vt);
         j->kern->accum_t(s->st, (int32_t)nqp, (int32_t)nq, s->keep, s->vt, (int32_t)nt, (int32_t)hdv, s->acc,
                          (int32_t)hdv);
     }
@@ -527,7 +528,7 @@ static void run_item(const struct attn_job *j, struct attn_scratch *s, uint32_t 
         if (!j->kern->accum_rows ||
             !j->kern->accum_rows(g->type_v, s->s, (int32_t)nq, s->lw, s->keep, s->vp, (int32_t)nt, (int32_t)hdv,
                                  s->acc, (int32_t)hdv)) {
-            sp_kv_rows_to_float(g->type_v, s->vp, (int32_t)nt, (int32_t)hdv, s->vt);
+            sp_kv_rows_to_float(sp_kv_value_rows(g->type_v), s->vp, (int32_t)nt, (int32_t)hdv, s->vt);
             j->kern->accum(s->s, (int32_t)nq, s->lw, s->keep, s->vt, (int32_t)nt, (int32_t)hdv, s->acc, (int32_t)hdv);
         }
     }

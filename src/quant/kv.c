@@ -5,30 +5,34 @@
  */
 #include "kv.h"
 
-#include "native.h"
 #include "quant.h"
 
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#define Q4H_QTYPE SP_NATIVE_ID(SP_NK_I4N, 0, SP_NS_F16) /* i4n_b32 */
 
 static const struct sp_kv_type_info kv_types[SP_KV_TYPE_COUNT] = {
     [SP_KV_F32] = {"f32", 32.0, SP_QTYPE_F32, 1, false, "32-bit floats (the reference)"},
     [SP_KV_F16] = {"f16", 16.0, SP_QTYPE_F16, 1, false, "IEEE half precision (llama.cpp's default)"},
     [SP_KV_Q8_0] = {"q8_0", 8.5, SP_QTYPE_Q8_0, 32, false, "ggml Q8_0: int8 in blocks of 32, FP16 scale"},
     [SP_KV_Q4_0] = {"q4_0", 4.5, SP_QTYPE_Q4_0, 32, false, "ggml Q4_0: int4 in blocks of 32, FP16 scale"},
-    [SP_KV_Q4H] = {"q4h", 4.5, Q4H_QTYPE, 32, true,
-                   "Sparrow: blocks of 32 rotated (signs + Walsh-Hadamard), non-uniform 4-bit levels, "
-                   "least-squares FP16 scale"},
+    [SP_KV_Q4H] = {"q4h", 4.5, 0, 32, true,
+                   "Sparrow: blocks of 32 rotated (signs + Walsh-Hadamard), trellis-coded with a log scale: "
+                   "keys 4.75 bits, values 4.25"},
 };
 
 const struct sp_kv_type_info *sp_kv_type_get(enum sp_kv_type t) {
     return (unsigned)t < SP_KV_TYPE_COUNT ? &kv_types[t] : NULL;
 }
 
+/* q4h's rows: the key code for SP_KV_Q4H, the value code for SP_KV_Q4H_V. */
+static bool is_tq(enum sp_kv_type t) {
+    return t == SP_KV_Q4H || t == SP_KV_Q4H_V;
+}
+
 size_t sp_kv_row_bytes(enum sp_kv_type t, int32_t hd) {
+    if (is_tq(t)) return hd > 0 && hd % 32 == 0 ? (size_t)(hd / 32) * sp_kv_tq_block_bytes(t == SP_KV_Q4H_V) : 0;
     const struct sp_kv_type_info *ti = sp_kv_type_get(t);
     if (!ti || hd <= 0 || hd % ti->block != 0) return 0;
     return sp_qtype_row_bytes(ti->qtype, hd);
@@ -74,32 +78,52 @@ void sp_kv_unrotate(float *x) {
 /* ---- rows ---------------------------------------------------------------- */
 
 void sp_kv_row_store(enum sp_kv_type t, const float *x, void *dst, int32_t hd) {
+    if (is_tq(t)) {
+        SP_ASSERT(hd > 0 && hd % SP_KV_ROT_BLOCK == 0 && hd <= SP_KV_MAX_HEAD_DIM);
+        const int val = t == SP_KV_Q4H_V;
+        const size_t bb = sp_kv_tq_block_bytes(val);
+        float r[SP_KV_ROT_BLOCK];
+        for (int32_t b = 0; b < hd; b += SP_KV_ROT_BLOCK) {
+            memcpy(r, x + b, sizeof r);
+            sp_kv_rotate(r);
+            sp_kv_tq_encode(val, r, (uint8_t *)dst + (size_t)(b / SP_KV_ROT_BLOCK) * bb);
+        }
+        return;
+    }
     const struct sp_kv_type_info *ti = &kv_types[t];
     SP_ASSERT((unsigned)t < SP_KV_TYPE_COUNT && hd > 0 && hd % ti->block == 0 && hd <= SP_KV_MAX_HEAD_DIM);
     if (t == SP_KV_F32) {
         memcpy(dst, x, (size_t)hd * sizeof(float));
         return;
     }
-    if (!ti->rotated) {
-        /* the dispatched quantizers give the reference's bytes (test_kernels) */
-        sp_qtraits_get(ti->qtype)->from_float(x, dst, hd);
-        return;
-    }
-    float r[SP_KV_MAX_HEAD_DIM];
-    memcpy(r, x, (size_t)hd * sizeof(float));
-    for (int32_t b = 0; b < hd; b += SP_KV_ROT_BLOCK) sp_kv_rotate(r + b);
-    sp_qtraits_ref(ti->qtype)->from_float(r, dst, hd);
+    /* the dispatched quantizers give the reference's bytes (test_kernels) */
+    sp_qtraits_get(ti->qtype)->from_float(x, dst, hd);
+}
+
+/* n blocks of q4h's code (value rows: val) -> F32, rotated */
+static void tq_row_decode(int val, const void *src, float *x, int32_t hd) {
+    const size_t bb = sp_kv_tq_block_bytes(val);
+    for (int32_t b = 0; b < hd; b += SP_KV_ROT_BLOCK)
+        sp_kv_tq_decode(val, (const uint8_t *)src + (size_t)(b / SP_KV_ROT_BLOCK) * bb, x + b);
 }
 
 void sp_kv_row_load(enum sp_kv_type t, const void *src, float *x, int32_t hd) {
+    if (is_tq(t)) {
+        SP_ASSERT(hd > 0 && hd % SP_KV_ROT_BLOCK == 0);
+        tq_row_decode(t == SP_KV_Q4H_V, src, x, hd);
+        for (int32_t b = 0; b < hd; b += SP_KV_ROT_BLOCK) sp_kv_unrotate(x + b);
+        return;
+    }
     const struct sp_kv_type_info *ti = &kv_types[t];
     SP_ASSERT((unsigned)t < SP_KV_TYPE_COUNT && hd > 0 && hd % ti->block == 0);
     sp_qtraits_get(ti->qtype)->to_float(src, x, hd);
-    if (ti->rotated)
-        for (int32_t b = 0; b < hd; b += SP_KV_ROT_BLOCK) sp_kv_unrotate(x + b);
 }
 
 void sp_kv_rows_to_float(enum sp_kv_type t, const void *const *rows, int32_t n, int32_t hd, float *out) {
+    if (is_tq(t)) {
+        for (int32_t r = 0; r < n; r++) tq_row_decode(t == SP_KV_Q4H_V, rows[r], out + (size_t)r * hd, hd);
+        return;
+    }
     const struct sp_kv_type_info *ti = &kv_types[t];
     if (t == SP_KV_F32) {
         for (int32_t r = 0; r < n; r++) memcpy(out + (size_t)r * hd, rows[r], (size_t)hd * sizeof(float));
@@ -111,12 +135,12 @@ void sp_kv_rows_to_float(enum sp_kv_type t, const void *const *rows, int32_t n, 
 
 void sp_kv_query_prep(enum sp_kv_type t, const float *q, float *out, int32_t hd) {
     if (out != q) memcpy(out, q, (size_t)hd * sizeof(float));
-    if (kv_types[t].rotated)
+    if (is_tq(t))
         for (int32_t b = 0; b < hd; b += SP_KV_ROT_BLOCK) sp_kv_rotate(out + b);
 }
 
 void sp_kv_output_fix(enum sp_kv_type t, float *o, int32_t hd) {
-    if (kv_types[t].rotated)
+    if (is_tq(t))
         for (int32_t b = 0; b < hd; b += SP_KV_ROT_BLOCK) sp_kv_unrotate(o + b);
 }
 

@@ -7,8 +7,11 @@
  * them (q8_0 / q4_0 need head_dim % 32 == 0).  q4h is Sparrow's own: each
  * 32-value block of the row is rotated by a fixed orthonormal transform
  * (random signs, then a 32-point Walsh-Hadamard transform, / sqrt(32)) and
- * stored as i4n_b32 -- the non-uniform 4-bit levels with an FP16 scale
- * fitted by least squares (native.h) -- 18 bytes per 32 values, q4_0's size.
+ * stored as a trellis code (kv_tq.c): a 10-bit log scale and 32 codes, each
+ * value a level chosen by its code from a table the previous code picks.
+ * Keys and values take two sizes of it: keys 19 bytes per 32 values (4.75
+ * bits), values 17 (4.25), so a q4h cache holds 4.5 bits per value, q4_0's
+ * size; the value rows' code is the internal type SP_KV_Q4H_V below.
  * The rotation spreads a channel outlier (a bias, a norm weight) over its
  * block, which is what uniform per-token blocks quantize worst; because it
  * is orthonormal, q . k is the same in the rotated basis, so attention
@@ -42,7 +45,7 @@
 struct sp_kv_type_info {
     const char *name;      /* "f16", "q4h", as -ctk / -ctv spell them */
     double bits;           /* nominal bits per value as stored */
-    uint32_t qtype;        /* the block type a row is stored as (quant.h / native.h ids) */
+    uint32_t qtype;        /* the block type a row is stored as (quant.h ids; q4h: none, kv_tq.c) */
     int32_t block;         /* head_dim must be a multiple of this */
     bool rotated;          /* q4h: rows live in the rotated basis */
     const char *about;     /* one line for --list-cache-types */
@@ -50,6 +53,21 @@ struct sp_kv_type_info {
 
 /* Facts of type t, or NULL for an id outside the enum. */
 const struct sp_kv_type_info *sp_kv_type_get(enum sp_kv_type t);
+
+/* The row code of a type's value rows: the type itself, except q4h, whose
+ * value rows are the smaller SP_KV_Q4H_V (an id past the public enum, for
+ * the row functions below only: sp_kv_type_get gives NULL for it).  Callers
+ * pass sp_kv_value_rows(type_v) to the row functions for value rows. */
+#define SP_KV_Q4H_V ((enum sp_kv_type)SP_KV_TYPE_COUNT)
+static inline enum sp_kv_type sp_kv_value_rows(enum sp_kv_type t) {
+    return t == SP_KV_Q4H ? SP_KV_Q4H_V : t;
+}
+
+/* q4h's trellis code on one rotated block of 32 values (kv_tq.c): the
+ * key code (value = 0, 19 bytes) or the value code (value = 1, 17 bytes). */
+size_t sp_kv_tq_block_bytes(int value);
+void sp_kv_tq_encode(int value, const float *x, uint8_t *dst);
+void sp_kv_tq_decode(int value, const uint8_t *src, float *y);
 
 /* Bytes of one row of hd values of type t; 0 if hd is not a multiple of the
  * type's block. */

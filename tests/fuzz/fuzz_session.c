@@ -32,8 +32,10 @@ static void quiet(enum sp_log_level level, const char *msg, void *user) {
     (void)level, (void)msg, (void)user;
 }
 
-static size_t row_bytes(uint32_t type, uint32_t hd) {
-    return type < SP_KV_TYPE_COUNT ? sp_kv_row_bytes((enum sp_kv_type)type, (int32_t)hd) : 0;
+static size_t row_bytes(uint32_t type, uint32_t hd, bool value) {
+    if (type >= SP_KV_TYPE_COUNT) return 0;
+    const enum sp_kv_type t = (enum sp_kv_type)type;
+    return sp_kv_row_bytes(value ? sp_kv_value_rows(t) : t, (int32_t)hd);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
