@@ -334,7 +334,13 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
 
 sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *segs, uint32_t n_seg,
                            const int32_t *tokens, float *logits, bool all_logits) {
+    return sp_forward_layers(m, f, segs, n_seg, tokens, logits, all_logits, 0, m->mf->hp.n_layers);
+}
+
+sp_status sp_forward_layers(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *segs, uint32_t n_seg,
+                            const int32_t *tokens, float *logits, bool all_logits, uint32_t il0, uint32_t il1) {
     const struct sp_hparams *hp = &m->mf->hp;
+    SP_ASSERT(il0 < il1 && il1 <= hp->n_layers);
     const uint32_t E = hp->n_embd, hdk = hp->head_dim_k, hdv = hp->head_dim_v, F = hp->n_ff;
     const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk, VD = hp->n_kv_heads * hdv;
     const uint32_t OD = hp->n_heads * hdv;
@@ -360,11 +366,11 @@ sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp
         if ((rc = (x)) != SP_OK) goto out;                                                                         \
     } while (0)
 
-    for (uint32_t t = 0; t < n_tok; t++) {
+    for (uint32_t t = 0; il0 == 0 && t < n_tok; t++) {
         SP_ASSERT(tokens[t] >= 0 && (uint32_t)tokens[t] < hp->n_vocab);
         TRY(embed(m, tokens[t], f->x + (size_t)t * E));
     }
-    for (uint32_t il = 0; il < hp->n_layers; il++) {
+    for (uint32_t il = il0; il < il1; il++) {
         const struct sp_layer_weights *L = &m->layers[il];
         /* attention: the products over every row of the batch at once ... */
         TRY(norm(m, L->attn_norm, f->x, f->xb, E, n_tok));
@@ -424,7 +430,7 @@ sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp
         }
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
     }
-    if (logits) {
+    if (logits && il1 == hp->n_layers) {
         /* Output head, one pass over the weight for every row asked for:
          * with all_logits (one sequence) each row, row r at logits +
          * r*n_vocab; else each sequence's last row, sequence s's at logits +

@@ -116,6 +116,7 @@ struct sp_fwd {
     struct sp_pool *pool;
     uint32_t n_ctx;
     uint32_t n_batch;
+    uint32_t n_expert_used;    /* MoE experts per token; 0 = the model's (the governor lowers it) */
     sp_fwd_observe_fn observe; /* NULL except while calibrating (src/quantize/calib.c) */
     void *observe_ctx;
 };
@@ -166,6 +167,13 @@ struct sp_fwd_seg {
  * cells of every segment are then incomplete). */
 sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *segs, uint32_t n_seg,
                            const int32_t *tokens, float *logits, bool all_logits);
+/* Part of that pass: layers [il0, il1) (the embedding first when il0 is 0,
+ * the output head last when il1 is n_layers), the residual stream carried
+ * in f->x from one part to the next.  Parts run in order over the same
+ * segments give sp_forward_batch's result bit for bit (the step decode,
+ * sp_decode_step, slices a pass this way). */
+sp_status sp_forward_layers(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *segs, uint32_t n_seg,
+                            const int32_t *tokens, float *logits, bool all_logits, uint32_t il0, uint32_t il1);
 
 /* Y = X W^T for rows [row0, row0 + n_rows) of weight t, pinned one pager
  * unit at a time (row0: 0 or the first row of an expert's slice). */
