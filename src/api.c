@@ -448,6 +448,7 @@ struct sp_session {
     char *swap_path;    /* swapped out (sp_session_swap_out): its KV cache is in this file */
     int32_t swap_n;     /* tokens it held then */
     struct sp_governor *gov; /* sp_session_set_governor; NULL = flat out */
+    bool gov_prompt;    /* sp_decode is feeding a prompt: its passes are the governor's */
     bool stepping;      /* between sp_decode_begin and done */
     int32_t step_n;     /* tokens of the step decode */
     const int32_t *step_tokens;
@@ -630,6 +631,7 @@ static void session_knobs(struct sp_session *s, const struct sp_gov_knobs *k) {
 /* After each prompt pass: new knobs, then the pacing. */
 static void gov_pass_done(void *user, uint32_t n, double work_s, bool last) {
     struct sp_session *s = user;
+    if (!s->gov_prompt) return; /* a one-token decode: sp_decode reports it */
     struct sp_gov_knobs k;
     const double pace = sp_gov_prefill_pass(s->gov, n, work_s, last, &k);
     session_knobs(s, &k);
@@ -713,7 +715,9 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
             session_knobs(s, &k);
         }
     }
+    s->gov_prompt = s->gov && n > 1;
     const sp_status rc = sp_seq_decode(s->seq, tokens, (uint32_t)n, s->logits, s->p.logits_all, &done);
+    s->gov_prompt = false;
     if (s->gov && n == 1) {
         const double pace = sp_gov_token_end(s->gov, api_mono_s() - t0, &k);
         session_knobs(s, &k);

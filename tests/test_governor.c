@@ -233,10 +233,13 @@ static int read_trace(const char *path, struct trace_row *rows, int cap) {
     return n;
 }
 
+static int32_t last_np; /* prompt tokens of the last generate() */
+
 /* Generate n tokens one at a time, calling at(i) before token i. */
 static void generate(struct sp_session *s, struct sp_model *m, int n, void (*at)(int, void *), void *user) {
     int32_t ids[256];
     const int32_t np = toks_of(m, "Once upon a time", ids, 256);
+    last_np = np;
     sp_session_reset(s);
     CHECK(sp_decode(s, ids, np) == SP_OK);
     for (int i = 0; i < n; i++) {
@@ -278,6 +281,7 @@ static void test_heat_trace(void) {
     struct sp_governor_stats st;
     CHECK(sp_governor_get_stats(g, &st) == SP_OK);
     CHECK(st.n_tokens == 160);
+    CHECKF(st.n_prefill_tokens == last_np, "%lld prompt tokens governed, %d fed", (long long)st.n_prefill_tokens, (int)last_np);
     CHECKF(st.n_state_changes == 3, "%lld state changes (want normal->warm->hot->normal: 3)", (long long)st.n_state_changes);
     CHECK(st.state == SP_GOV_NORMAL);
     CHECK(fabs(st.max_temp_c - 58.5) < 1e-6);
