@@ -221,9 +221,11 @@ sp_status sp_seq_step_begin(struct sp_seq *s, const int32_t *tokens, uint32_t n,
     SP_ASSERT(!s->step.active && n >= 1 && (!all_logits || n <= s->p.n_batch));
     sp_status rc = sp_seq_fits(s, n);
     if (rc) return rc;
-    const double keep = s->step.layer_ms_tok;
+    const struct sp_seq_step old = s->step;
     s->step = (struct sp_seq_step){.tokens = tokens, .n = n, .logits = logits, .all_logits = all_logits,
-                                   .active = true, .layer_ms_tok = keep};
+                                   .active = true, .layer_ms_tok = old.layer_ms_tok};
+    s->step.cur.s_per_unit[0] = old.cur.s_per_unit[0];
+    s->step.cur.s_per_unit[1] = old.cur.s_per_unit[1];
     return SP_OK;
 }
 
@@ -237,15 +239,15 @@ void sp_seq_step_cancel(struct sp_seq *s) {
     st->active = st->in_pass = false;
 }
 
-/* Tokens of the next pass: what one layer of budget_ms holds at the measured
- * cost, within [1, n_batch] (the governor's chunk caps it too); n_batch
- * until a cost is known. */
+/* Tokens of the next pass: n_batch (or the governor's chunk); with experts
+ * (a layer's MoE block runs whole) what one layer of budget_ms holds at the
+ * measured cost, n_batch until a cost is known. */
 static uint32_t step_tokens(const struct sp_seq *s, double budget_ms) {
     const struct sp_seq_step *st = &s->step;
-    uint32_t cap = st->all_logits ? s->p.n_batch : s->chunk && s->chunk < s->p.n_batch ? s->chunk : s->p.n_batch;
     if (st->all_logits) return st->n;
+    const uint32_t cap = s->chunk && s->chunk < s->p.n_batch ? s->chunk : s->p.n_batch;
     uint32_t nb = cap;
-    if (st->layer_ms_tok > 0) {
+    if (s->m->mf->hp.n_experts > 0 && st->layer_ms_tok > 0) {
         const double fit = budget_ms / st->layer_ms_tok;
         nb = fit < 1 ? 1 : fit > cap ? cap : (uint32_t)fit;
     }
@@ -256,9 +258,9 @@ sp_status sp_seq_step(struct sp_seq *s, double budget_s, bool *done, uint32_t *n
     struct sp_seq_step *st = &s->step;
     struct sp_kv_cells *c = &s->cells;
     const uint32_t L = s->m->mf->hp.n_layers;
-    const double t0 = mono_s(), budget_ms = budget_s * 1e3;
+    const double t0 = mono_s(), t_end = t0 + budget_s;
     *done = false;
-    st->n_layers_run = 0;
+    st->n_slices = 0;
     if (!st->active) {
         *done = true;
         return SP_OK;
@@ -271,41 +273,46 @@ sp_status sp_seq_step(struct sp_seq *s, double budget_s, bool *done, uint32_t *n
                 *done = true;
                 break;
             }
+            if (st->n_slices > 0 && mono_s() >= t_end) break;
             if (s->abort_fn && s->abort_fn(s->abort_user)) {
                 st->active = false;
                 return sp_err(SP_E_ABORTED, "decode aborted by the caller after %u of %u tokens", st->i, st->n);
             }
-            const uint32_t nb = step_tokens(s, budget_ms);
+            const uint32_t nb = step_tokens(s, budget_s * 1e3);
             if (c->n + nb > s->p.n_ctx && (rc = shift_for(s, nb))) break;
             st->c0 = c->n;
             if ((rc = sp_kv_cells_append(c, st->tokens + st->i, nb, s->next_pos))) break;
             st->nb = nb;
-            st->il = 0;
+            st->cur.il = st->cur.stage = 0;
+            st->cur.row = 0;
+            st->cur.embedded = false;
+            st->pass_s = 0;
             st->in_pass = true;
             sp_pager_turn_begin(s->m->pager);
+        } else if (st->n_slices > 0) {
+            break; /* the slice below ran to the deadline */
         }
-        /* one more layer if it fits what is left (always at least one) */
-        const double el = (mono_s() - t0) * 1e3;
-        if (st->n_layers_run > 0 && (el >= budget_ms || el + st->layer_ms_tok * st->nb > budget_ms)) break;
         const bool last = st->i + st->nb == st->n;
-        const double tl = mono_s();
         const struct sp_fwd_seg seg = {s->kv, c, st->c0, st->nb};
-        rc = sp_forward_layers(s->m, s->fwd, &seg, 1, st->tokens + st->i, last ? st->logits : NULL, st->all_logits,
-                               st->il, st->il + 1);
+        bool pass_done = false;
+        const double ts = mono_s();
+        rc = sp_forward_slice(s->m, s->fwd, &seg, st->tokens + st->i, last ? st->logits : NULL, st->all_logits, &st->cur,
+                              t_end, &pass_done);
+        st->pass_s += mono_s() - ts;
+        st->n_slices++;
         if (rc) {
             sp_pager_turn_end(s->m->pager);
             sp_kv_cells_truncate(c, st->c0);
             st->in_pass = false;
             break;
         }
-        const double per = (mono_s() - tl) * 1e3 / st->nb;
-        st->layer_ms_tok = st->layer_ms_tok > 0 ? 0.7 * st->layer_ms_tok + 0.3 * per : per;
-        st->n_layers_run++;
-        if (++st->il == L) {
+        if (pass_done) {
             sp_pager_turn_end(s->m->pager);
             st->in_pass = false;
             s->next_pos += (int32_t)st->nb;
             st->i += st->nb;
+            const double per = st->pass_s * 1e3 / ((double)st->nb * L);
+            st->layer_ms_tok = st->layer_ms_tok > 0 ? 0.7 * st->layer_ms_tok + 0.3 * per : per;
         }
     }
     if (n_done) *n_done = st->i;

@@ -33,9 +33,11 @@ struct sp_seq_step {
     float *logits;
     bool all_logits;
     bool active, in_pass;
-    uint32_t c0, nb, il;     /* the pass under way: first cell, tokens, next layer */
+    uint32_t c0, nb;         /* the pass under way: first cell, tokens */
+    struct sp_fwd_cursor cur;/* where in it (model.h) */
+    double pass_s;           /* work so far on the pass under way */
     double layer_ms_tok;     /* measured ms per token of one layer (0: none yet) */
-    uint32_t n_layers_run;   /* layers run by the last sp_seq_step call (tests) */
+    uint32_t n_slices;       /* sp_forward_slice calls of the last sp_seq_step (tests) */
 };
 
 /* Return true to stop a long decode between batches. */
@@ -82,10 +84,12 @@ sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, flo
 sp_status sp_seq_fits(const struct sp_seq *s, uint32_t n);
 
 /* sp_seq_decode in slices: begin checks what sp_seq_decode checks first
- * (nothing done on an error); each sp_seq_step runs whole layers until about
- * budget_s have gone (at least one layer), passes of at most n_batch tokens
- * sized so that one layer fits the budget, and sets *done when every token
- * is in.  The result is sp_seq_decode's, bit for bit when the passes are
+ * (nothing done on an error); each sp_seq_step runs a pass's work
+ * (sp_forward_slice: a layer's stages, its products in row blocks) until
+ * about budget_s have gone, in passes of n_batch tokens (the governor's
+ * chunk caps them; with experts, as many as one layer's MoE block of the
+ * budget holds at the measured cost), and sets *done when every token is
+ * in.  The result is sp_seq_decode's, bit for bit when the passes are
  * its batches.  cancel drops a pass under way.  Never allocates. */
 sp_status sp_seq_step_begin(struct sp_seq *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits);
 sp_status sp_seq_step(struct sp_seq *s, double budget_s, bool *done, uint32_t *n_done);
