@@ -46,7 +46,7 @@
 
 enum { WINDOW = 64, MAX_TRACK_THREADS = 256 };
 #define GAIN 0.8
-#define EST_FRESH_S 8.0 /* a thread count's measurement is trusted this long */
+#define EST_FRESH_S 3.0 /* a thread count's measurement is trusted this long */
 
 struct thread_est {
     double work_ms; /* EWMA of work per token at this count */
@@ -60,6 +60,7 @@ struct sp_governor {
     struct sp_gov_policy pol;
     struct sp_sensors *sensors;
     FILE *trace;
+    char *trace_buf; /* its stdio buffer, allocated here: no allocation on the token path */
     double t0;
     /* signals (NAN / < 0 = unset) */
     double sig[SP_GOV_SIGNAL_COUNT];
@@ -205,6 +206,7 @@ sp_status sp_governor_init(const struct sp_governor_params *params, struct sp_go
             rc = sp_err(SP_E_IO, "governor trace: cannot create %s: %s", g->trace_tmp, strerror(errno));
             goto fail;
         }
+        if ((g->trace_buf = sp_malloc(1 << 16))) setvbuf(g->trace, g->trace_buf, _IOFBF, 1 << 16);
     }
     *out = g;
     return SP_OK;
@@ -223,6 +225,7 @@ void sp_governor_free(struct sp_governor *g) {
             (void)unlink(g->trace_tmp);
         }
     }
+    sp_free(g->trace_buf);
     sp_sensors_free(g->sensors);
     sp_free(g->thermal_file);
     sp_free(g->battery_file);
