@@ -757,17 +757,20 @@ sp_status sp_batch_set_governor(struct sp_batch *b, struct sp_governor *g);
  *   bool done = false;
  *   while (!done && !rc) rc = sp_decode_step(s, 10, &done);  // ~10 ms each
  *
- * A step runs whole layers of a forward pass (a prompt in passes of as many
- * tokens as one layer's budget allows, at most n_batch) until about
- * budget_ms have gone, then returns; the pool's threads sleep between steps
- * instead of spinning.  The result -- KV cache, logits, sampler history --
- * is what sp_decode of the same tokens leaves, bit for bit when the passes
- * match sp_decode's batches (a session whose n_batch is at most what one
- * step's budget holds).  The tokens must stay valid until done.  Between
- * begin and done the only calls allowed on the session are sp_decode_step
- * and sp_decode_cancel (SP_E_STATE otherwise); the abort callback is asked
- * before each pass.  The governor's knobs apply; its pacing does not (the
- * caller owns the time between steps).
+ * A step resumes the forward pass where the last one stopped -- at a
+ * layer's stage, or inside a weight product at a block of rows sized to the
+ * time left -- and works until about budget_ms have gone (at least one unit
+ * of work), then returns; the pool's threads sleep between steps instead of
+ * spinning.  A prompt goes in passes of n_batch tokens (fewer for MoE
+ * models, whose expert blocks run whole; streamed weights and attention run
+ * whole too).  The result -- KV cache, logits, sampler history -- is what
+ * sp_decode of the same tokens leaves, bit for bit for dense models (MoE:
+ * when the passes match sp_decode's batches).  The tokens must stay valid
+ * until done.  Between begin and done the only calls allowed on the session
+ * are sp_decode_step and sp_decode_cancel (SP_E_STATE otherwise; reset
+ * cancels); the abort callback is asked before each pass.  The governor's
+ * knobs apply; its pacing does not (the caller owns the time between
+ * steps).  docs/GOVERNOR.md.
  * ------------------------------------------------------------------------- */
 /* SP_E_INVALID / SP_E_CONTEXT_FULL as sp_decode (nothing is done then),
  * SP_E_STATE when a step decode is already under way. */

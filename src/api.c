@@ -1026,6 +1026,8 @@ sp_status sp_batch_decode(struct sp_batch *b, struct sp_session *const *sessions
             return sp_err(SP_E_INVALID, "%s: sequence %d: need a session and n > 0 tokens", __func__, i);
         if (s->model != b->model)
             return sp_err(SP_E_INVALID, "%s: sequence %d: the session is of another model", __func__, i);
+        if (s->stepping)
+            return sp_err(SP_E_STATE, "%s: sequence %d: a step decode is under way on the session", __func__, i);
         for (int32_t j = 0; j < i; j++)
             if (sessions[j] == s) return sp_err(SP_E_INVALID, "%s: sequences %d and %d are one session", __func__, j, i);
         if ((uint64_t)total + (uint32_t)n_tokens[i] > b->n_tokens)
