@@ -18,11 +18,12 @@
  *     if anyone may be asleep (Dekker-style ordering).
  *  4. stop is set only in sp_pool_free, after which workers exit.
  *  5. active (1..n) is changed only between runs, by the owner
- *     (sp_pool_set_active), under mu: workers ith >= active park on `park`
- *     and take no part in runs; a run waits for active - 1 workers.  A
- *     parked worker that is woken again resumes from resume_gen, the
- *     generation current when it was re-activated (no run was in flight
- *     then), so it cannot miss the next run nor repeat the last.
+ *     (sp_pool_set_active), under mu: resume_gen = gen first (every run up
+ *     to it is complete), then active.  Workers ith >= active park on
+ *     `park` and take no part in runs; a run waits for active - 1 workers.
+ *     A worker that sees a generation g takes part only if g > resume_gen
+ *     and ith < active, both read after g (so a worker that was parked, or
+ *     late, never repeats a finished run, and misses none after it).
  *  6. sp_pool_idle asks spinning workers to sleep now instead of after
  *     their spin; the next run clears the request before it publishes.
  * States: IDLE --sp_pool_run--> RUNNING --pending reaches 0--> IDLE;
@@ -73,7 +74,7 @@ struct sp_pool {
     atomic_int stop;
     atomic_int active;     /* threads taking part in runs (invariant 5) */
     atomic_int idle_req;   /* sleep now (invariant 6) */
-    uint64_t resume_gen;   /* under mu */
+    atomic_uint_fast64_t resume_gen; /* invariant 5 */
     pthread_cond_t park;
     sp_pool_task_fn fn;
     void *arg;
@@ -98,10 +99,9 @@ static uint64_t wait_job(struct sp_pool *p, uint64_t seen, int ith) {
     uint64_t g;
     for (;;) {
         /* parked: not one of the active threads (invariant 5) */
-        while (ith >= atomic_load(&p->active) && !atomic_load(&p->stop)) {
-            pthread_cond_wait(&p->park, &p->mu);
-            seen = p->resume_gen;
-        }
+        while (ith >= atomic_load(&p->active) && !atomic_load(&p->stop)) pthread_cond_wait(&p->park, &p->mu);
+        const uint64_t rg = atomic_load(&p->resume_gen);
+        if (rg > seen) seen = rg; /* runs up to rg are finished */
         atomic_fetch_add(&p->sleeping, 1);
         while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop) && ith < atomic_load(&p->active))
             pthread_cond_wait(&p->wake, &p->mu);
@@ -119,10 +119,14 @@ static void *worker(void *a) {
     for (;;) {
         seen = wait_job(p, seen, ith);
         if (atomic_load(&p->stop)) return NULL;
-        /* active was set before this run was published (invariant 5): a
-         * worker that saw the new gen while spinning may not be one of it */
+        /* invariant 5: a worker that saw a new gen while spinning (or late)
+         * may not be one of its threads, or the run may be long finished */
         const int n = atomic_load(&p->active);
-        if (ith >= n) continue;
+        const uint64_t rg = atomic_load(&p->resume_gen);
+        if (ith >= n || seen <= rg) {
+            if (rg > seen) seen = rg;
+            continue;
+        }
         p->fn(p->arg, ith, n);
         atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
     }
@@ -186,7 +190,7 @@ void sp_pool_set_active(struct sp_pool *p, int n) {
     n = n < 1 ? 1 : n > p->n ? p->n : n;
     if (n == atomic_load(&p->active)) return;
     pthread_mutex_lock(&p->mu);
-    p->resume_gen = atomic_load(&p->gen);
+    atomic_store(&p->resume_gen, atomic_load(&p->gen));
     atomic_store(&p->active, n);
     pthread_cond_broadcast(&p->park); /* re-activated ones resume */
     pthread_cond_broadcast(&p->wake); /* sleeping ones that are now inactive park */
