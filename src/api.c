@@ -789,8 +789,7 @@ sp_status sp_decode_step(struct sp_session *s, double budget_ms, bool *done) {
 
 void sp_decode_cancel(struct sp_session *s) {
     if (!s || !s->stepping) return;
-    const uint32_t before = s->seq->step.i;
-    (void)before;
+    /* the sampler has accepted the tokens of the finished passes (sp_decode_step) */
     sp_seq_step_cancel(s->seq);
     s->stepping = false;
     s->n_logits = 0;
