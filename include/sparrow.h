@@ -644,6 +644,163 @@ sp_status sp_batch_decode(struct sp_batch *b, struct sp_session *const *sessions
                           const int32_t *n_tokens, int32_t n_seq);
 
 /* ---------------------------------------------------------------------------
+ * Governor: holds a latency target through heat, low battery and a busy
+ * device by turning a session's knobs between tokens (docs/GOVERNOR.md).
+ * It reads its sensors (the hottest thermal zone or a file, the battery or
+ * a file, memory pressure, competing CPU load; each optional) at most a few
+ * times a second, and re-plans every replan_tokens tokens from them and
+ * from the measured ms per token: a thermal state (normal / warm / hot /
+ * critical, thresholds with hysteresis) and, apart from it, battery saver
+ * each give an action from the state table (threads, duty cycle, MoE
+ * experts per token, prefill chunk); with a target the pacing between
+ * tokens and the thread count follow the measured latency.  No state stops
+ * work without limit: the strongest action is a duty cycle, so a generation
+ * always finishes.  Off unless a governor is attached.
+ *
+ * Threads: one governor serves one session (or batch) at a time, driven
+ * from its decoding thread; sp_governor_set_signal and
+ * sp_governor_get_stats may be called from any thread.
+ * ------------------------------------------------------------------------- */
+struct sp_governor;
+
+enum sp_gov_state { SP_GOV_NORMAL = 0, SP_GOV_WARM, SP_GOV_HOT, SP_GOV_CRITICAL, SP_GOV_STATE_COUNT };
+/* "normal", "warm", "hot", "critical"; "?" out of range. */
+const char *sp_gov_state_name(enum sp_gov_state s);
+
+/* What a state (or battery saver) does; the stronger of the thermal state's
+ * and the saver's applies, knob by knob. */
+struct sp_gov_action {
+    double threads;  /* fraction of the session's threads, (0, 1]; at least one */
+    double duty;     /* fraction of wall time spent working, [0.05, 1]: after a
+                        token of work w the governor sleeps w * (1/duty - 1) */
+    double experts;  /* fraction of the model's experts per token, (0, 1]; at
+                        least one (router weights renormalised); dense: ignored */
+    int32_t chunk;   /* prefill tokens per forward pass at most; 0 = n_batch */
+};
+
+struct sp_gov_policy {
+    /* entering state s (1..3) at a temperature >= enter_c[s] (degrees C) or
+     * a pushed thermal headroom >= enter_headroom[s]; leaving it below
+     * enter_c[s] - hysteresis_c (enter_headroom[s] - hysteresis_headroom).
+     * Index 0 (normal) is unused.  Increasing in s. */
+    double enter_c[SP_GOV_STATE_COUNT];
+    double enter_headroom[SP_GOV_STATE_COUNT];
+    double hysteresis_c, hysteresis_headroom;
+    struct sp_gov_action action[SP_GOV_STATE_COUNT];
+    /* battery saver: below saver_below_pct percent and not charging; lifted
+     * when charging (or full) or at saver_below_pct + saver_hysteresis_pct */
+    double saver_below_pct, saver_hysteresis_pct;
+    struct sp_gov_action saver;
+    int32_t replan_tokens; /* re-plan every this many tokens, >= 1 */
+};
+/* The defaults docs/GOVERNOR.md tabulates (45 / 55 / 70 C, saver below 20%). */
+struct sp_gov_policy sp_gov_default_policy(void);
+
+struct sp_governor_params {
+    double target_ms;          /* per-token latency to hold (ms); 0 = none */
+    double target_ttft_s;      /* time to first token to hold (s); 0 = none */
+    const char *thermal_file;  /* millidegrees C in a file instead of the thermal zones */
+    const char *battery_file;  /* line 1 percent, optional line 2 status as sysfs spells it */
+    const char *trace_path;    /* one JSON object per decision (written to a
+                                  temporary file, renamed into place by
+                                  sp_governor_free); NULL = none */
+    const char *policy_file;   /* state-table overrides ("key = value" lines,
+                                  docs/GOVERNOR.md); NULL = the defaults */
+    double sensor_interval_s;  /* the files are read at most this often; 0 = 0.25 */
+    const char *sensor_root;   /* prefix of /sys and /proc (tests); NULL = "/" */
+};
+struct sp_governor_params sp_governor_default_params(void);
+
+/* SP_E_INVALID (bad numbers; a policy file's bad line, with its number),
+ * SP_E_IO (the policy file or the trace cannot be opened), SP_E_NOMEM. */
+sp_status sp_governor_init(const struct sp_governor_params *params, struct sp_governor **out);
+/* Finishes the trace file (fsync, rename).  Detach it from its session first. */
+void sp_governor_free(struct sp_governor *g);
+
+/* Replace / read the state table.  SP_E_INVALID with the field named. */
+sp_status sp_governor_set_policy(struct sp_governor *g, const struct sp_gov_policy *p);
+sp_status sp_governor_get_policy(const struct sp_governor *g, struct sp_gov_policy *out);
+/* Apply a policy file's overrides on top of the current table. */
+sp_status sp_governor_load_policy(struct sp_governor *g, const char *path);
+
+/* Signals an app pushes instead of (or on top of) the sensors. */
+enum sp_gov_signal {
+    SP_GOV_SIGNAL_THERMAL_HEADROOM = 0, /* Android's AThermal_getThermalHeadroom: 0 cool,
+                                           1.0 = severe throttling; < 0 clears */
+    SP_GOV_SIGNAL_TARGET_WORK_MS,       /* an ADPF-style target work duration per token
+                                           (ms), replacing target_ms; <= 0 clears */
+    SP_GOV_SIGNAL_TEMP_C,               /* a temperature instead of the sensor; NaN clears */
+    SP_GOV_SIGNAL_BATTERY_PCT,          /* a battery level instead of the sensor; < 0 clears */
+    SP_GOV_SIGNAL_CHARGING,             /* 1 charging, 0 not; < 0 clears */
+    SP_GOV_SIGNAL_COUNT
+};
+/* Takes effect at the next plan (the next replan_tokens boundary, or the
+ * next prompt).  SP_E_INVALID for an unknown signal or a value out of range. */
+sp_status sp_governor_set_signal(struct sp_governor *g, enum sp_gov_signal sig, double value);
+
+struct sp_governor_stats {
+    int64_t n_tokens;          /* one-token decodes governed */
+    int64_t n_prefill_tokens;  /* prompt tokens governed */
+    int64_t n_plans;           /* decisions (each is a trace line) */
+    int64_t n_state_changes;   /* thermal state changes */
+    int64_t n_saver_changes;   /* battery saver on / off */
+    int64_t n_thread_changes, n_expert_changes, n_chunk_changes;
+    double paced_s;            /* seconds slept between tokens and chunks */
+    double state_s[SP_GOV_STATE_COUNT]; /* wall seconds governed in each state */
+    double saver_s;            /* of which with battery saver on */
+    double max_temp_c;         /* hottest reading (NaN: no sensor) */
+    /* now */
+    enum sp_gov_state state;
+    bool saver;
+    int32_t threads, n_expert_used, chunk;
+    double pacing_ms, ms_per_token, work_ms;
+};
+sp_status sp_governor_get_stats(const struct sp_governor *g, struct sp_governor_stats *out);
+
+/* Govern this session from its next call on (NULL: stop, and give it back
+ * all its threads and experts).  The governor must outlive the attachment;
+ * a governor serves one session or batch at a time (SP_E_STATE otherwise).
+ * Pacing sleeps on the decoding thread, inside sp_decode, after a token or
+ * a prompt chunk. */
+sp_status sp_session_set_governor(struct sp_session *s, struct sp_governor *g);
+/* The same for a batch (sparrow serve): each step counts as a token. */
+sp_status sp_batch_set_governor(struct sp_batch *b, struct sp_governor *g);
+
+/* ---------------------------------------------------------------------------
+ * Cooperative slices: decode in steps of bounded work, so an app can
+ * interleave inference with its UI thread.
+ *
+ *   sp_decode_begin(s, tokens, n);      // as sp_decode would, not yet run
+ *   bool done = false;
+ *   while (!done && !rc) rc = sp_decode_step(s, 10, &done);  // ~10 ms each
+ *
+ * A step resumes the forward pass where the last one stopped -- at a
+ * layer's stage, or inside a weight product at a block of rows sized to the
+ * time left -- and works until about budget_ms have gone (at least one unit
+ * of work), then returns; the pool's threads sleep between steps instead of
+ * spinning.  A prompt goes in passes of n_batch tokens (fewer for MoE
+ * models, whose expert blocks run whole; streamed weights and attention run
+ * whole too).  The result -- KV cache, logits, sampler history -- is what
+ * sp_decode of the same tokens leaves, bit for bit for dense models (MoE:
+ * when the passes match sp_decode's batches).  The tokens must stay valid
+ * until done.  Between begin and done the only calls allowed on the session
+ * are sp_decode_step and sp_decode_cancel (SP_E_STATE otherwise; reset
+ * cancels); the abort callback is asked before each pass.  The governor's
+ * knobs apply; its pacing does not (the caller owns the time between
+ * steps).  docs/GOVERNOR.md.
+ * ------------------------------------------------------------------------- */
+/* SP_E_INVALID / SP_E_CONTEXT_FULL as sp_decode (nothing is done then),
+ * SP_E_STATE when a step decode is already under way. */
+sp_status sp_decode_begin(struct sp_session *s, const int32_t *tokens, int32_t n);
+/* budget_ms <= 0: 10 ms.  *done true once every token is decoded (and the
+ * logits are there).  On an error the step decode is over: what sp_decode
+ * leaves on that error (the passes before stay decoded). */
+sp_status sp_decode_step(struct sp_session *s, double budget_ms, bool *done);
+/* Abandon a step decode: the passes finished stay decoded, a pass under way
+ * is undone (its cells dropped); no logits.  No-op when none is under way. */
+void sp_decode_cancel(struct sp_session *s);
+
+/* ---------------------------------------------------------------------------
  * Memory budget: the placement plan and the pager's counters.
  * ------------------------------------------------------------------------- */
 

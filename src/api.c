@@ -20,11 +20,14 @@
 #include "quant/kv.h"
 #include "quant/quant.h"
 #include "sample/sampler.h"
+#include "sched/governor.h"
+#include "sched/pool.h"
 
 #include <assert.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
 #include <unistd.h>
 
@@ -449,6 +452,11 @@ struct sp_session {
     uint64_t kv_reserved, scratch_reserved; /* this session's shares of the model's memory account */
     char *swap_path;    /* swapped out (sp_session_swap_out): its KV cache is in this file */
     int32_t swap_n;     /* tokens it held then */
+    struct sp_governor *gov; /* sp_session_set_governor; NULL = flat out */
+    bool gov_prompt;    /* sp_decode is feeding a prompt: its passes are the governor's */
+    bool stepping;      /* between sp_decode_begin and done */
+    int32_t step_n;     /* tokens of the step decode */
+    const int32_t *step_tokens;
 };
 
 static sp_status swap_in(struct sp_session *s, const char *fn);
@@ -590,6 +598,7 @@ fail:
 
 void sp_session_free(struct sp_session *s) {
     if (!s) return;
+    if (s->gov) sp_gov_detach(s->gov, s);
     if (s->swap_path) {
         (void)unlink(s->swap_path);
         sp_free(s->swap_path);
@@ -604,6 +613,7 @@ void sp_session_free(struct sp_session *s) {
 
 void sp_session_reset(struct sp_session *s) {
     if (!s) return;
+    sp_decode_cancel(s);
     if (s->swap_path && swap_in(s, __func__) != SP_OK) return; /* stays swapped out; the message says why */
     sp_seq_reset(s->seq);
     s->n_logits = 0;
@@ -611,8 +621,79 @@ void sp_session_reset(struct sp_session *s) {
     sp_moe_trace_clear(s->seq->fwd);
 }
 
+/* ---- the governor's knobs -------------------------------------------------- */
+
+static void fwd_knobs(struct sp_fwd *f, const struct sp_gov_knobs *k) {
+    sp_pool_set_active(f->pool, k->threads);
+    f->n_expert_used = k->n_expert_used;
+}
+
+static void session_knobs(struct sp_session *s, const struct sp_gov_knobs *k) {
+    fwd_knobs(s->seq->fwd, k);
+    s->seq->chunk = k->chunk;
+}
+
+/* After each prompt pass: new knobs, then the pacing. */
+static void gov_pass_done(void *user, uint32_t n, double work_s, bool last) {
+    struct sp_session *s = user;
+    if (!s->gov_prompt) return; /* a one-token decode: sp_decode reports it */
+    struct sp_gov_knobs k;
+    const double pace = sp_gov_prefill_pass(s->gov, n, work_s, last, &k);
+    session_knobs(s, &k);
+    if (pace > 0) {
+        sp_pool_idle(s->seq->fwd->pool);
+        sp_gov_sleep(pace);
+        sp_gov_paced(s->gov, pace);
+    }
+}
+
+sp_status sp_session_set_governor(struct sp_session *s, struct sp_governor *g) {
+    if (!s) return sp_err(SP_E_INVALID, "%s: session is NULL", __func__);
+    if (s->stepping) return sp_err(SP_E_STATE, "%s: a step decode is under way", __func__);
+    if (g == s->gov) return SP_OK;
+    struct sp_fwd *f = s->seq->fwd;
+    struct sp_gov_knobs k = {sp_pool_max_threads(f->pool), 0, 0};
+    if (g) {
+        sp_status rc = sp_gov_attach(g, s, sp_pool_max_threads(f->pool), s->model->mf->hp.n_experts_used,
+                                     s->seq->p.n_batch, &k);
+        if (rc) return rc;
+    }
+    if (s->gov) sp_gov_detach(s->gov, s);
+    s->gov = g;
+    session_knobs(s, &k);
+    if (!g) s->seq->chunk = 0;
+    s->seq->pass_done = g ? gov_pass_done : NULL;
+    s->seq->pass_user = g ? s : NULL;
+    return SP_OK;
+}
+
+static double api_mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* sp_decode's checks: ids in the vocabulary, logits_all's limit. */
+static sp_status decode_args(const struct sp_session *s, const int32_t *tokens, int32_t n, const char *fn) {
+    if (!s || !tokens || n <= 0) return sp_err(SP_E_INVALID, "%s: need a session and n > 0 tokens", fn);
+    if (s->stepping) return sp_err(SP_E_STATE, "%s: a step decode is under way (sp_decode_step / sp_decode_cancel)", fn);
+    const uint32_t n_vocab = s->model->mf->hp.n_vocab;
+    for (int32_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= n_vocab) {
+            return sp_err(SP_E_INVALID, "%s: token %d at index %d is outside the vocabulary (%u)", fn, tokens[i], i,
+                          n_vocab);
+        }
+    }
+    if (s->p.logits_all && (uint32_t)n > s->seq->p.n_batch) {
+        return sp_err(SP_E_INVALID, "%s: %d tokens with logits_all: one call takes at most n_batch = %u", fn, n,
+                      s->seq->p.n_batch);
+    }
+    return SP_OK;
+}
+
 sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
     if (!s || !tokens || n <= 0) return sp_err(SP_E_INVALID, "%s: need a session and n > 0 tokens", __func__);
+    if (s->stepping) return sp_err(SP_E_STATE, "%s: a step decode is under way (sp_decode_step / sp_decode_cancel)", __func__);
     const uint32_t n_vocab = s->model->mf->hp.n_vocab;
     for (int32_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= n_vocab) {
@@ -628,7 +709,29 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
     if (rs) return rs;
     sp_moe_trace_clear(s->seq->fwd);
     uint32_t done = 0;
+    struct sp_gov_knobs k;
+    double t0 = 0;
+    if (s->gov) {
+        if (n == 1) {
+            sp_gov_token_begin(s->gov);
+            t0 = api_mono_s();
+        } else {
+            sp_gov_prefill_begin(s->gov, (uint32_t)n, &k);
+            session_knobs(s, &k);
+        }
+    }
+    s->gov_prompt = s->gov && n > 1;
     const sp_status rc = sp_seq_decode(s->seq, tokens, (uint32_t)n, s->logits, s->p.logits_all, &done);
+    s->gov_prompt = false;
+    if (s->gov && n == 1) {
+        const double pace = sp_gov_token_end(s->gov, api_mono_s() - t0, &k);
+        session_knobs(s, &k);
+        if (pace > 0 && rc == SP_OK) {
+            sp_pool_idle(s->seq->fwd->pool);
+            sp_gov_sleep(pace);
+            sp_gov_paced(s->gov, pace);
+        }
+    }
     for (uint32_t j = 0; j < done; j++) sp_sampler_accept(s->sampler, tokens[j]);
     if (rc) {
         s->n_logits = 0;
@@ -637,6 +740,64 @@ sp_status sp_decode(struct sp_session *s, const int32_t *tokens, int32_t n) {
     s->n_last = (uint32_t)n;
     s->n_logits = s->p.logits_all ? (uint32_t)n : 1;
     return SP_OK;
+}
+
+/* ---- cooperative slices ---------------------------------------------------- */
+
+sp_status sp_decode_begin(struct sp_session *s, const int32_t *tokens, int32_t n) {
+    sp_status rc = decode_args(s, tokens, n, __func__);
+    if (rc) return rc;
+    if (s->swap_path && (rc = swap_in(s, __func__))) return rc;
+    sp_moe_trace_clear(s->seq->fwd);
+    if (s->gov) {
+        struct sp_gov_knobs k;
+        if (n == 1) sp_gov_token_begin(s->gov);
+        else sp_gov_prefill_begin(s->gov, (uint32_t)n, &k), session_knobs(s, &k);
+    }
+    if ((rc = sp_seq_step_begin(s->seq, tokens, (uint32_t)n, s->logits, s->p.logits_all))) return rc;
+    s->n_logits = 0;
+    s->stepping = true;
+    s->step_n = n;
+    s->step_tokens = tokens;
+    return SP_OK;
+}
+
+sp_status sp_decode_step(struct sp_session *s, double budget_ms, bool *done) {
+    if (!s || !done) return sp_err(SP_E_INVALID, "%s: NULL argument", __func__);
+    *done = false;
+    if (!s->stepping) return sp_err(SP_E_STATE, "%s: no step decode under way (sp_decode_begin)", __func__);
+    if (!(budget_ms > 0)) budget_ms = 10;
+    const uint32_t before = s->seq->step.i;
+    const double t0 = api_mono_s();
+    uint32_t got = 0;
+    const sp_status rc = sp_seq_step(s->seq, budget_ms * 1e-3, done, &got);
+    sp_pool_idle(s->seq->fwd->pool); /* the threads sleep until the next step */
+    for (uint32_t j = before; j < got; j++) sp_sampler_accept(s->sampler, s->step_tokens[j]);
+    if (s->gov) {
+        struct sp_gov_knobs k;
+        /* the governor sees the work, not the caller's time between steps; no pacing here */
+        if (s->step_n == 1) {
+            if (*done || rc) sp_gov_token_end(s->gov, api_mono_s() - t0, &k), session_knobs(s, &k);
+        } else if (got > before || *done) {
+            sp_gov_prefill_pass(s->gov, got - before, api_mono_s() - t0, *done, &k);
+            session_knobs(s, &k);
+        }
+    }
+    if (rc || *done) {
+        s->stepping = false;
+        if (rc) return rc;
+        s->n_last = (uint32_t)s->step_n;
+        s->n_logits = s->p.logits_all ? (uint32_t)s->step_n : 1;
+    }
+    return SP_OK;
+}
+
+void sp_decode_cancel(struct sp_session *s) {
+    if (!s || !s->stepping) return;
+    /* the sampler has accepted the tokens of the finished passes (sp_decode_step) */
+    sp_seq_step_cancel(s->seq);
+    s->stepping = false;
+    s->n_logits = 0;
 }
 
 const float *sp_get_logits(const struct sp_session *s) {
@@ -688,6 +849,7 @@ const int32_t *sp_session_tokens(const struct sp_session *s) {
 }
 
 sp_status sp_session_truncate(struct sp_session *s, int32_t n) {
+    if (s && s->stepping) return sp_err(SP_E_STATE, "%s: a step decode is under way", __func__);
     if (!s) return sp_err(SP_E_INVALID, "%s: NULL session", __func__);
     sp_status rs = s->swap_path ? swap_in(s, __func__) : SP_OK;
     if (rs) return rs;
@@ -765,6 +927,7 @@ struct sp_batch {
     struct sp_fwd_seg *segs;   /* (n_seq_max) */
     float *logits;             /* (n_seq_max, n_vocab) */
     uint64_t reserved;         /* its share of the model's memory account */
+    struct sp_governor *gov;   /* sp_batch_set_governor: each step is a token */
 };
 
 static uint64_t batch_bytes(const struct sp_model *m, uint32_t n_seq_max, uint32_t n_tokens, int n_threads) {
@@ -821,8 +984,24 @@ fail:
     return rc;
 }
 
+sp_status sp_batch_set_governor(struct sp_batch *b, struct sp_governor *g) {
+    if (!b) return sp_err(SP_E_INVALID, "%s: batch is NULL", __func__);
+    if (g == b->gov) return SP_OK;
+    struct sp_gov_knobs k = {sp_pool_max_threads(b->fwd->pool), 0, 0};
+    if (g) {
+        sp_status rc = sp_gov_attach(g, b, sp_pool_max_threads(b->fwd->pool), b->model->mf->hp.n_experts_used,
+                                     b->n_tokens, &k);
+        if (rc) return rc;
+    }
+    if (b->gov) sp_gov_detach(b->gov, b);
+    b->gov = g;
+    fwd_knobs(b->fwd, &k);
+    return SP_OK;
+}
+
 void sp_batch_free(struct sp_batch *b) {
     if (!b) return;
+    if (b->gov) sp_gov_detach(b->gov, b);
     sp_budget_release(b->model->budget, SP_BUDGET_SCRATCH, b->reserved);
     sp_fwd_free(b->fwd);
     sp_free(b->tok);
@@ -851,6 +1030,8 @@ sp_status sp_batch_decode(struct sp_batch *b, struct sp_session *const *sessions
             return sp_err(SP_E_INVALID, "%s: sequence %d: need a session and n > 0 tokens", __func__, i);
         if (s->model != b->model)
             return sp_err(SP_E_INVALID, "%s: sequence %d: the session is of another model", __func__, i);
+        if (s->stepping)
+            return sp_err(SP_E_STATE, "%s: sequence %d: a step decode is under way on the session", __func__, i);
         for (int32_t j = 0; j < i; j++)
             if (sessions[j] == s) return sp_err(SP_E_INVALID, "%s: sequences %d and %d are one session", __func__, j, i);
         if ((uint64_t)total + (uint32_t)n_tokens[i] > b->n_tokens)
@@ -866,7 +1047,22 @@ sp_status sp_batch_decode(struct sp_batch *b, struct sp_session *const *sessions
         b->seqs[i] = s->seq;
         total += (uint32_t)n_tokens[i];
     }
+    double t0 = 0;
+    if (b->gov) {
+        sp_gov_token_begin(b->gov);
+        t0 = api_mono_s();
+    }
     const sp_status rc = sp_seq_decode_batch(b->fwd, b->segs, b->seqs, b->tok, b->n, (uint32_t)n_seq, b->logits);
+    if (b->gov) {
+        struct sp_gov_knobs k;
+        const double pace = sp_gov_token_end(b->gov, api_mono_s() - t0, &k);
+        fwd_knobs(b->fwd, &k);
+        if (pace > 0 && rc == SP_OK) {
+            sp_pool_idle(b->fwd->pool);
+            sp_gov_sleep(pace);
+            sp_gov_paced(b->gov, pace);
+        }
+    }
     for (int32_t i = 0; i < n_seq; i++) {
         struct sp_session *s = sessions[i];
         if (rc) {
@@ -968,6 +1164,7 @@ static void out_u32(struct save_out *o, uint32_t v) {
 }
 
 sp_status sp_session_save(struct sp_session *s, const char *path) {
+    if (s && s->stepping) return sp_err(SP_E_STATE, "%s: a step decode is under way", __func__);
     if (s && s->swap_path) {
         sp_status rs = swap_in(s, __func__);
         if (rs) return rs;
@@ -1077,6 +1274,7 @@ sp_status sp_session_load(struct sp_session *s, const char *path) {
 }
 
 sp_status sp_session_load_from(struct sp_session *s, struct sp_file *f, bool verify) {
+    if (s && s->stepping) return sp_err(SP_E_STATE, "%s: a step decode is under way", __func__);
     struct sp_model *m = s->model;
     struct sp_seq *q = s->seq;
     const struct sp_hparams *hp = &m->mf->hp;
@@ -1181,6 +1379,7 @@ done:
 /* ---- swap ------------------------------------------------------------------ */
 
 sp_status sp_session_swap_out(struct sp_session *s, const char *dir) {
+    if (s && s->stepping) return sp_err(SP_E_STATE, "%s: a step decode is under way", __func__);
     if (!s || !dir || !*dir) return sp_err(SP_E_INVALID, "%s: need a session and a folder", __func__);
     if (s->swap_path) return SP_OK; /* already out */
     if (s->p.logits_all) {

@@ -16,6 +16,7 @@
 #include "ops.h"
 
 #include <math.h>
+#include <time.h>
 
 /* ---- scratch ------------------------------------------------------------ */
 
@@ -324,6 +325,58 @@ static sp_status add_value_bias(struct sp_model *m, const struct sp_tensor_desc 
     return SP_OK;
 }
 
+/* After the Q, K, V products of layer il: biases, q/k norms, then per
+ * sequence the positions (RoPE), the cache writes and attention into
+ * f->attn (with a rotated cache's rewrites). */
+static sp_status attn_mid(struct sp_model *m, struct sp_fwd *f, uint32_t il, const struct sp_fwd_seg *segs,
+                          uint32_t n_seg, uint32_t n_tok, const float *freq_factors) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    const struct sp_layer_weights *L = &m->layers[il];
+    const uint32_t hdk = hp->head_dim_k;
+    const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk, VD = hp->n_kv_heads * hp->head_dim_v;
+    const uint32_t OD = hp->n_heads * hp->head_dim_v;
+    const float scale = 1.0f / sqrtf((float)hdk);
+    float kd[SP_KV_MAX_HEAD_DIM]; /* a q4h key cache: the layer's key channel balance */
+    sp_status rc = SP_OK;
+#define TRY(x)                                                                                                     \
+    do {                                                                                                           \
+        if ((rc = (x)) != SP_OK) return rc;                                                                        \
+    } while (0)
+    TRY(add_bias(m, L->bq, f->q, n_tok));
+    TRY(add_bias(m, L->bk, f->k, n_tok));
+    TRY(head_norm(m, L->q_norm, f->q, hp->n_heads * n_tok, hdk));
+    TRY(head_norm(m, L->k_norm, f->k, hp->n_kv_heads * n_tok, hdk));
+    /* The positions, the cache writes and attention per sequence, each
+     * over its own cells: rows [r, r + n) of the batch are segs[s]'s.
+     * A rotated (q4h) cache takes the exact rewrites that leave its code
+     * less to carry: keys balanced against queries per channel, the
+     * value bias added to the output instead of to each value. */
+    for (uint32_t s = 0, r = 0; s < n_seg; r += segs[s].n_tok, s++) {
+        const struct sp_fwd_seg *g = &segs[s];
+        const int32_t *pos = g->c->pos + g->c0;
+        const bool rot_k = sp_kv_type_get(g->kv->g.type_k)->rotated;
+        const bool rot_v = sp_kv_type_get(g->kv->g.type_v)->rotated;
+        if (!rot_v && L->bv) TRY(add_bias(m, L->bv, f->v + (size_t)r * VD, g->n_tok));
+        if (rot_k && L->q_norm && L->k_norm && hdk <= SP_KV_MAX_HEAD_DIM) {
+            TRY(qk_balance(m, L, kd));
+            scale_channels(f->q + (size_t)r * QD, hp->n_heads * g->n_tok, hdk, kd, true);
+            scale_channels(f->k + (size_t)r * KD, hp->n_kv_heads * g->n_tok, hdk, kd, false);
+        }
+        for (uint32_t t = 0; t < g->n_tok; t++) {
+            sp_rope(f->q + (size_t)(r + t) * QD, hp->n_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
+                    hp->rope_freq_scale, hp->rope_neox, freq_factors);
+            sp_rope(f->k + (size_t)(r + t) * KD, hp->n_kv_heads, hdk, hp->rope_dims, (float)pos[t],
+                    hp->rope_theta, hp->rope_freq_scale, hp->rope_neox, freq_factors);
+        }
+        sp_kv_store(g->kv, g->c, g->c0, g->n_tok, il, f->k + (size_t)r * KD, f->v + (size_t)r * VD, f->pool);
+        sp_kv_attend(g->kv, g->c, il, f->q + (size_t)r * QD, g->n_tok, g->c0 + 1, scale,
+                     f->attn + (size_t)r * OD, f->pool, f->att);
+        if (rot_v && L->bv) TRY(add_value_bias(m, L->bv, f->attn + (size_t)r * OD, g->n_tok));
+    }
+#undef TRY
+    return SP_OK;
+}
+
 /* ---- the forward pass --------------------------------------------------- */
 
 sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *kv, const struct sp_kv_cells *c,
@@ -334,11 +387,14 @@ sp_status sp_forward(struct sp_model *m, struct sp_fwd *f, struct sp_kv_cache *k
 
 sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *segs, uint32_t n_seg,
                            const int32_t *tokens, float *logits, bool all_logits) {
+    return sp_forward_layers(m, f, segs, n_seg, tokens, logits, all_logits, 0, m->mf->hp.n_layers);
+}
+
+sp_status sp_forward_layers(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *segs, uint32_t n_seg,
+                            const int32_t *tokens, float *logits, bool all_logits, uint32_t il0, uint32_t il1) {
     const struct sp_hparams *hp = &m->mf->hp;
-    const uint32_t E = hp->n_embd, hdk = hp->head_dim_k, hdv = hp->head_dim_v, F = hp->n_ff;
-    const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk, VD = hp->n_kv_heads * hdv;
-    const uint32_t OD = hp->n_heads * hdv;
-    const float scale = 1.0f / sqrtf((float)hdk);
+    SP_ASSERT(il0 < il1 && il1 <= hp->n_layers);
+    const uint32_t E = hp->n_embd, F = hp->n_ff, OD = hp->n_heads * hp->head_dim_v;
     sp_status rc = SP_OK;
     SP_ASSERT(n_seg >= 1 && (!all_logits || n_seg == 1));
     uint32_t n_tok = 0;
@@ -347,7 +403,6 @@ sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp
         n_tok += segs[s].n_tok;
     }
     SP_ASSERT(n_tok <= f->n_batch);
-    float kd[SP_KV_MAX_HEAD_DIM]; /* a q4h key cache: the layer's key channel balance */
 
     const float *freq_factors = NULL;
     if (m->rope_freqs) {
@@ -360,11 +415,11 @@ sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp
         if ((rc = (x)) != SP_OK) goto out;                                                                         \
     } while (0)
 
-    for (uint32_t t = 0; t < n_tok; t++) {
+    for (uint32_t t = 0; il0 == 0 && t < n_tok; t++) {
         SP_ASSERT(tokens[t] >= 0 && (uint32_t)tokens[t] < hp->n_vocab);
         TRY(embed(m, tokens[t], f->x + (size_t)t * E));
     }
-    for (uint32_t il = 0; il < hp->n_layers; il++) {
+    for (uint32_t il = il0; il < il1; il++) {
         const struct sp_layer_weights *L = &m->layers[il];
         /* attention: the products over every row of the batch at once ... */
         TRY(norm(m, L->attn_norm, f->x, f->xb, E, n_tok));
@@ -373,37 +428,7 @@ sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp
             float *const out[] = {f->q, f->k, f->v};
             TRY(fwd_matmul_n(m, f, qkv, out, 3, f->xb, E, n_tok));
         }
-        TRY(add_bias(m, L->bq, f->q, n_tok));
-        TRY(add_bias(m, L->bk, f->k, n_tok));
-        TRY(head_norm(m, L->q_norm, f->q, hp->n_heads * n_tok, hdk));
-        TRY(head_norm(m, L->k_norm, f->k, hp->n_kv_heads * n_tok, hdk));
-        /* ... and the positions, the cache writes and attention per sequence,
-         * each over its own cells: rows [r, r + n) of the batch are segs[s]'s.
-         * A rotated (q4h) cache takes the exact rewrites that leave its code
-         * less to carry: keys balanced against queries per channel, the
-         * value bias added to the output instead of to each value. */
-        for (uint32_t s = 0, r = 0; s < n_seg; r += segs[s].n_tok, s++) {
-            const struct sp_fwd_seg *g = &segs[s];
-            const int32_t *pos = g->c->pos + g->c0;
-            const bool rot_k = sp_kv_type_get(g->kv->g.type_k)->rotated;
-            const bool rot_v = sp_kv_type_get(g->kv->g.type_v)->rotated;
-            if (!rot_v && L->bv) TRY(add_bias(m, L->bv, f->v + (size_t)r * VD, g->n_tok));
-            if (rot_k && L->q_norm && L->k_norm && hdk <= SP_KV_MAX_HEAD_DIM) {
-                TRY(qk_balance(m, L, kd));
-                scale_channels(f->q + (size_t)r * QD, hp->n_heads * g->n_tok, hdk, kd, true);
-                scale_channels(f->k + (size_t)r * KD, hp->n_kv_heads * g->n_tok, hdk, kd, false);
-            }
-            for (uint32_t t = 0; t < g->n_tok; t++) {
-                sp_rope(f->q + (size_t)(r + t) * QD, hp->n_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
-                        hp->rope_freq_scale, hp->rope_neox, freq_factors);
-                sp_rope(f->k + (size_t)(r + t) * KD, hp->n_kv_heads, hdk, hp->rope_dims, (float)pos[t],
-                        hp->rope_theta, hp->rope_freq_scale, hp->rope_neox, freq_factors);
-            }
-            sp_kv_store(g->kv, g->c, g->c0, g->n_tok, il, f->k + (size_t)r * KD, f->v + (size_t)r * VD, f->pool);
-            sp_kv_attend(g->kv, g->c, il, f->q + (size_t)r * QD, g->n_tok, g->c0 + 1, scale,
-                         f->attn + (size_t)r * OD, f->pool, f->att);
-            if (rot_v && L->bv) TRY(add_value_bias(m, L->bv, f->attn + (size_t)r * OD, g->n_tok));
-        }
+        TRY(attn_mid(m, f, il, segs, n_seg, n_tok, freq_factors));
         TRY(sp_fwd_matmul(m, f, L->wo, f->attn, OD, n_tok, f->xb2, E));
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
         /* feed-forward: SwiGLU, or the experts */
@@ -424,7 +449,7 @@ sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp
         }
         add_rows(f->x, f->xb2, (size_t)n_tok * E);
     }
-    if (logits) {
+    if (logits && il1 == hp->n_layers) {
         /* Output head, one pass over the weight for every row asked for:
          * with all_logits (one sequence) each row, row r at logits +
          * r*n_vocab; else each sequence's last row, sequence s's at logits +
@@ -441,6 +466,224 @@ sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp
             }
         }
         TRY(sp_fwd_matmul(m, f, m->output, f->xb, E, n_out, logits, hp->n_vocab));
+    }
+#undef TRY
+out:
+    if (m->rope_freqs) sp_pager_unpin(m->pager, m->rope_freqs, freq_factors);
+    return rc;
+}
+
+/* ---- one pass in slices ---------------------------------------------------
+ * sp_forward_layers' work for one sequence, resumable at a product's row
+ * block: a layer's stages (below) run in order, and each weight product
+ * (QKV, wo, gate/up, down, the output head) goes in blocks of rows --
+ * multiples of 64, the largest the time left holds at the cost measured so
+ * far -- so a slice can end inside a layer.  A row of a product is computed
+ * by the same kernel whatever block holds it (ops.c splits rows across
+ * threads in 16-row groups anywhere), so the result is sp_forward's bit for
+ * bit.  Products over a streamed weight, and MoE blocks, run whole. */
+
+enum {
+    ST_IN = 0, /* (embedding on layer 0) attn_norm */
+    ST_QKV,
+    ST_ATTN,
+    ST_WO,
+    ST_FFN_IN, /* residual, ffn_norm; the MoE block whole */
+    ST_GU,
+    ST_SILU,
+    ST_DOWN,
+    ST_OUT, /* residual; next layer */
+    ST_HEAD_IN = 0,
+    ST_HEAD,
+};
+
+static double slice_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+struct slice_prod {
+    const struct sp_tensor_desc *t[3];
+    float *y[3];
+    int n;
+    const float *x;
+    int64_t x_ld;
+};
+
+static uint64_t prod_rows_total(const struct slice_prod *p) {
+    uint64_t r = 0;
+    for (int i = 0; i < p->n; i++) r += (uint64_t)p->t[i]->ne[1];
+    return r;
+}
+
+/* Rows [r0, r1) of the products' concatenated rows. */
+static sp_status prod_rows(struct sp_model *m, struct sp_fwd *f, const struct slice_prod *p, uint32_t n_tok,
+                           uint64_t r0, uint64_t r1) {
+    uint64_t base = 0;
+    for (int i = 0; i < p->n; i++) {
+        const uint64_t rows = (uint64_t)p->t[i]->ne[1], a = SP_MAX(r0, base), b = SP_MIN(r1, base + rows);
+        if (b > a) {
+            sp_status rc = sp_matmul_rows(m, f, p->t[i], a - base, (uint32_t)(b - a), p->x, p->x_ld, n_tok,
+                                          p->y[i] + (a - base), (int64_t)rows);
+            if (rc) return rc;
+        }
+        base += rows;
+    }
+    return SP_OK;
+}
+
+/* Run product p from cur->row on, in blocks, until done (true) or t_end. */
+static sp_status prod_slice(struct sp_model *m, struct sp_fwd *f, const struct slice_prod *p, uint32_t n_tok,
+                            struct sp_fwd_cursor *cur, double t_end, bool *did, bool *finished) {
+    const uint64_t total = prod_rows_total(p);
+    bool whole = false;
+    for (int i = 0; i < p->n; i++) whole |= sp_pager_streams(m->pager, p->t[i]);
+    const double per_row = (double)p->t[0]->ne[0] * n_tok; /* units of cost per row */
+    double *spu = &cur->s_per_unit[n_tok > 1]; /* a matrix-vector product costs more per unit */
+    *finished = false;
+    while (cur->row < total) {
+        const double now = slice_now();
+        if (*did && now >= t_end) return SP_OK;
+        uint64_t n = total - cur->row;
+        if (!whole) {
+            uint64_t fit = 64;
+            if (*spu > 0) {
+                const double rows = (t_end - now) / (*spu * per_row);
+                fit = rows > 64 ? (uint64_t)rows / 64 * 64 : 64;
+            }
+            n = SP_MIN(n, fit);
+            /* never leave a sliver: a block ending within 64 rows of the end takes them */
+            if (total - (cur->row + n) < 64) n = total - cur->row;
+        }
+        const double t0 = slice_now();
+        sp_status rc = prod_rows(m, f, p, n_tok, cur->row, cur->row + n);
+        if (rc) return rc;
+        const double su = (slice_now() - t0) / ((double)n * per_row);
+        *spu = *spu > 0 ? 0.7 * *spu + 0.3 * su : su;
+        cur->row += n;
+        *did = true;
+    }
+    *finished = true;
+    return SP_OK;
+}
+
+sp_status sp_forward_slice(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *seg, const int32_t *tokens,
+                           float *logits, bool all_logits, struct sp_fwd_cursor *cur, double t_end, bool *pass_done) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    const uint32_t E = hp->n_embd, F = hp->n_ff, OD = hp->n_heads * hp->head_dim_v, n_tok = seg->n_tok;
+    SP_ASSERT(n_tok >= 1 && n_tok <= f->n_batch && seg->c0 + n_tok <= seg->c->n);
+    *pass_done = false;
+    sp_status rc = SP_OK;
+    const float *freq_factors = NULL;
+    if (m->rope_freqs) {
+        const void *p;
+        if ((rc = sp_pager_pin(m->pager, m->rope_freqs, &p))) return rc;
+        freq_factors = p;
+    }
+#define TRY(x)                                                                                                     \
+    do {                                                                                                           \
+        if ((rc = (x)) != SP_OK) goto out;                                                                         \
+    } while (0)
+    bool did = false, fin;
+    while (!*pass_done && (!did || slice_now() < t_end)) {
+        if (cur->il == hp->n_layers) {
+            /* the output head: every row with all_logits, else the last */
+            const uint32_t n_out = all_logits ? n_tok : 1;
+            const float *xo = all_logits ? f->x : f->x + (size_t)(n_tok - 1) * E;
+            if (!logits) {
+                *pass_done = true;
+                break;
+            }
+            if (cur->stage == ST_HEAD_IN) {
+                TRY(norm(m, m->output_norm, xo, f->xb, E, n_out));
+                cur->stage = ST_HEAD;
+                cur->row = 0;
+                did = true;
+                continue;
+            }
+            const struct slice_prod hd = {{m->output}, {logits}, 1, f->xb, E};
+            TRY(prod_slice(m, f, &hd, n_out, cur, t_end, &did, &fin));
+            if (fin) *pass_done = true;
+            continue;
+        }
+        const uint32_t il = cur->il;
+        const struct sp_layer_weights *L = &m->layers[il];
+        switch (cur->stage) {
+        case ST_IN:
+            if (il == 0 && !cur->embedded) {
+                for (uint32_t t = 0; t < n_tok; t++) {
+                    SP_ASSERT(tokens[t] >= 0 && (uint32_t)tokens[t] < hp->n_vocab);
+                    TRY(embed(m, tokens[t], f->x + (size_t)t * E));
+                }
+                cur->embedded = true;
+            }
+            TRY(norm(m, L->attn_norm, f->x, f->xb, E, n_tok));
+            cur->stage = ST_QKV;
+            cur->row = 0;
+            did = true;
+            break;
+        case ST_QKV: {
+            const struct slice_prod pr = {{L->wq, L->wk, L->wv}, {f->q, f->k, f->v}, 3, f->xb, E};
+            TRY(prod_slice(m, f, &pr, n_tok, cur, t_end, &did, &fin));
+            if (fin) cur->stage = ST_ATTN;
+            break;
+        }
+        case ST_ATTN:
+            TRY(attn_mid(m, f, il, seg, 1, n_tok, freq_factors));
+            cur->stage = ST_WO;
+            cur->row = 0;
+            did = true;
+            break;
+        case ST_WO: {
+            const struct slice_prod pr = {{L->wo}, {f->xb2}, 1, f->attn, OD};
+            TRY(prod_slice(m, f, &pr, n_tok, cur, t_end, &did, &fin));
+            if (fin) cur->stage = ST_FFN_IN;
+            break;
+        }
+        case ST_FFN_IN:
+            add_rows(f->x, f->xb2, (size_t)n_tok * E);
+            TRY(norm(m, L->ffn_norm, f->x, f->xb, E, n_tok));
+            if (L->ffn_gate_inp) {
+                TRY(sp_moe_ffn(m, f, il, n_tok, (uint32_t)seg->c->pos[seg->c0]));
+                cur->stage = ST_OUT;
+            } else {
+                cur->stage = ST_GU;
+                cur->row = 0;
+            }
+            did = true;
+            break;
+        case ST_GU: {
+            const struct slice_prod pr = {{L->ffn_gate, L->ffn_up}, {f->hb, f->hb2}, 2, f->xb, E};
+            TRY(prod_slice(m, f, &pr, n_tok, cur, t_end, &did, &fin));
+            if (fin) cur->stage = ST_SILU;
+            break;
+        }
+        case ST_SILU: {
+            struct silu_job sj = {f->hb, f->hb2, (int64_t)n_tok * F};
+            if (n_tok > 1) sp_pool_run(f->pool, silu_task, &sj);
+            else silu_task(&sj, 0, 1);
+            cur->stage = ST_DOWN;
+            cur->row = 0;
+            did = true;
+            break;
+        }
+        case ST_DOWN: {
+            const struct slice_prod pr = {{L->ffn_down}, {f->xb2}, 1, f->hb, F};
+            TRY(prod_slice(m, f, &pr, n_tok, cur, t_end, &did, &fin));
+            if (fin) cur->stage = ST_OUT;
+            break;
+        }
+        case ST_OUT:
+            add_rows(f->x, f->xb2, (size_t)n_tok * E);
+            cur->il++;
+            cur->stage = cur->il == hp->n_layers ? (uint32_t)ST_HEAD_IN : (uint32_t)ST_IN;
+            cur->row = 0;
+            did = true;
+            break;
+        default:
+            SP_ASSERT(0);
+        }
     }
 #undef TRY
 out:

@@ -116,6 +116,7 @@ struct sp_fwd {
     struct sp_pool *pool;
     uint32_t n_ctx;
     uint32_t n_batch;
+    uint32_t n_expert_used;    /* MoE experts per token; 0 = the model's (the governor lowers it) */
     sp_fwd_observe_fn observe; /* NULL except while calibrating (src/quantize/calib.c) */
     void *observe_ctx;
 };
@@ -166,6 +167,30 @@ struct sp_fwd_seg {
  * cells of every segment are then incomplete). */
 sp_status sp_forward_batch(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *segs, uint32_t n_seg,
                            const int32_t *tokens, float *logits, bool all_logits);
+/* Part of that pass: layers [il0, il1) (the embedding first when il0 is 0,
+ * the output head last when il1 is n_layers), the residual stream carried
+ * in f->x from one part to the next.  Parts run in order over the same
+ * segments give sp_forward_batch's result bit for bit (the step decode,
+ * sp_decode_step, slices a pass this way). */
+sp_status sp_forward_layers(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *segs, uint32_t n_seg,
+                            const int32_t *tokens, float *logits, bool all_logits, uint32_t il0, uint32_t il1);
+
+/* Where a pass in slices is: layer il (n_layers = the output head), its
+ * stage, the next row of the stage's product; s_per_unit the measured cost
+ * of a weight row x column x token (seconds; 0 = none yet) of one-token
+ * [0] and batch [1] products, kept across passes.  Zero the rest to start
+ * a pass. */
+struct sp_fwd_cursor {
+    uint32_t il, stage;
+    uint64_t row;
+    bool embedded;
+    double s_per_unit[2];
+};
+/* sp_forward of one segment resumed from *cur until t_end (CLOCK_MONOTONIC
+ * seconds; at least one step of work is done) or the end of the pass
+ * (*pass_done).  Same result as sp_forward, bit for bit.  SP_E_IO as it. */
+sp_status sp_forward_slice(struct sp_model *m, struct sp_fwd *f, const struct sp_fwd_seg *seg, const int32_t *tokens,
+                           float *logits, bool all_logits, struct sp_fwd_cursor *cur, double t_end, bool *pass_done);
 
 /* Y = X W^T for rows [row0, row0 + n_rows) of weight t, pinned one pager
  * unit at a time (row0: 0 or the first row of an expert's slice). */

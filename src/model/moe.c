@@ -81,6 +81,13 @@ void sp_moe_fwd_free(struct sp_fwd *f) {
     sp_free_aligned(f->yg);
 }
 
+/* Experts per token this pass: the governor's f->n_expert_used when set
+ * (1..the model's), else the model's expert_used_count. */
+static uint32_t fwd_k(const struct sp_hparams *hp, const struct sp_fwd *f) {
+    const uint32_t K = hp->n_experts_used;
+    return f->n_expert_used >= 1 && f->n_expert_used < K ? f->n_expert_used : K;
+}
+
 /* ---- routing trace ------------------------------------------------------ */
 
 struct sp_moe_trace {
@@ -146,13 +153,19 @@ bool sp_moe_trace_get(const struct sp_fwd *f, uint32_t il, uint32_t pos, struct 
     return true;
 }
 
+/* k experts per token this pass (fewer than the record's n_used when the
+ * governor cut them: the rest of a record is -1 with weight 0). */
 static void trace_record(struct sp_moe_trace *tr, const struct sp_fwd *f, uint32_t il, uint32_t n_tok,
-                         uint32_t pos0) {
+                         uint32_t pos0, uint32_t k) {
     const uint32_t K = tr->n_used, X = tr->n_experts;
     for (uint32_t t = 0; t < n_tok && pos0 + t < tr->n_ctx; t++) {
         const size_t c = (size_t)il * tr->n_ctx + pos0 + t;
-        memcpy(tr->experts + c * K, f->sel + (size_t)t * K, K * sizeof(int32_t));
-        memcpy(tr->weights + c * K, f->sel_w + (size_t)t * K, K * sizeof(float));
+        memcpy(tr->experts + c * K, f->sel + (size_t)t * k, k * sizeof(int32_t));
+        memcpy(tr->weights + c * K, f->sel_w + (size_t)t * k, k * sizeof(float));
+        for (uint32_t j = k; j < K; j++) {
+            tr->experts[c * K + j] = -1;
+            tr->weights[c * K + j] = 0.0f;
+        }
         memcpy(tr->probs + c * X, f->probs + (size_t)t * X, X * sizeof(float));
         tr->seen[c] = 1;
     }
@@ -198,9 +211,29 @@ static void top_k(const float *p, uint32_t n, uint32_t k, int32_t *sel) {
     }
 }
 
-/* Router probabilities -> per-token experts and weights (f->sel, f->sel_w). */
+/* Router probabilities -> per-token experts and weights (f->sel, f->sel_w).
+ * With fewer experts than the model's K (the governor's knob) the k most
+ * probable are kept and their weights renormalised: to sum to 1 when the
+ * model normalises its top-K, else to the sum the full top-K would have had,
+ * so the block's output keeps its scale. */
 static void route(const struct sp_hparams *hp, struct sp_fwd *f, uint32_t n_tok) {
-    const uint32_t X = hp->n_experts, K = hp->n_experts_used;
+    const uint32_t X = hp->n_experts, K = hp->n_experts_used, k = fwd_k(hp, f);
+    if (k < K) {
+        for (uint32_t t = 0; t < n_tok; t++) {
+            float *p = f->probs + (size_t)t * X;
+            int32_t *sel = f->sel + (size_t)t * k; /* K ids fit: t*k + K <= n_batch*K */
+            float *w = f->sel_w + (size_t)t * k;
+            softmax(p, X);
+            top_k(p, X, K, sel);
+            double full = 0.0, part = 0.0;
+            for (uint32_t j = 0; j < K; j++) full += (double)p[sel[j]];
+            for (uint32_t j = 0; j < k; j++) part += (double)p[sel[j]];
+            const double to = hp->expert_weights_norm ? 1.0 : full;
+            const double sc = to / SP_MAX(part, 6.103515625e-5);
+            for (uint32_t j = 0; j < k; j++) w[j] = (float)(p[sel[j]] * sc);
+        }
+        return;
+    }
     for (uint32_t t = 0; t < n_tok; t++) {
         float *p = f->probs + (size_t)t * X;
         int32_t *sel = f->sel + (size_t)t * K;
@@ -223,7 +256,7 @@ static void route(const struct sp_hparams *hp, struct sp_fwd *f, uint32_t n_tok)
 /* Counting sort of the (token, expert) pairs by expert: grp_off, grp_tok,
  * grp_w, and the used mask.  Tokens stay ascending within a group. */
 static void group(const struct sp_hparams *hp, struct sp_fwd *f, uint32_t n_tok) {
-    const uint32_t X = hp->n_experts, K = hp->n_experts_used;
+    const uint32_t X = hp->n_experts, K = fwd_k(hp, f);
     memset(f->grp_off, 0, ((size_t)X + 1) * sizeof(uint32_t));
     for (size_t i = 0; i < (size_t)n_tok * K; i++) f->grp_off[f->sel[i] + 1]++;
     for (uint32_t e = 0; e < X; e++) {
@@ -294,7 +327,7 @@ static void experts_chosen(struct sp_model *m, struct sp_fwd *f, uint32_t il, ui
     if (n_tok != 1 || il + 1 >= hp->n_layers) return;
     const struct sp_layer_weights *N = &m->layers[il + 1];
     if (!N->ffn_gate_inp || !N->ffn_norm || !N->ffn_gate_exps) return;
-    const uint32_t E = hp->n_embd, K = hp->n_experts_used;
+    const uint32_t E = hp->n_embd, K = fwd_k(hp, f);
     const void *nw;
     if (sp_pager_pin(m->pager, N->ffn_norm, &nw) != SP_OK) return;
     sp_rmsnorm(f->xb2, f->x, nw, N->ffn_norm->type, E, hp->rms_eps);
@@ -357,7 +390,7 @@ static sp_status add_parts(struct sp_model *m, const struct sp_tensor_desc *t, u
  * the experts one by one.  Same arithmetic as run_expert. */
 static sp_status decode_experts(struct sp_model *m, struct sp_fwd *f, const struct sp_layer_weights *L) {
     const struct sp_hparams *hp = &m->mf->hp;
-    const uint32_t E = hp->n_embd, FE = hp->n_ff_exp, K = hp->n_experts_used;
+    const uint32_t E = hp->n_embd, FE = hp->n_ff_exp, K = fwd_k(hp, f);
     const struct sp_tensor_desc *G = L->ffn_gate_exps, *U = L->ffn_up_exps, *D = L->ffn_down_exps;
     const uint32_t gt = sp_pager_wtype(m->pager, G);
     if (K > f->n_batch || gt != sp_pager_wtype(m->pager, U)) return SP_E_BUFFER;
@@ -455,7 +488,7 @@ sp_status sp_moe_ffn(struct sp_model *m, struct sp_fwd *f, uint32_t il, uint32_t
 
     if ((rc = sp_fwd_matmul(m, f, L->ffn_gate_inp, f->xb, E, n_tok, f->probs, X))) return rc;
     route(hp, f, n_tok);
-    if (f->trace) trace_record(f->trace, f, il, n_tok, pos0);
+    if (f->trace) trace_record(f->trace, f, il, n_tok, pos0, fwd_k(hp, f));
     group(hp, f, n_tok);
     experts_chosen(m, f, il, n_tok);
 

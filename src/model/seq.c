@@ -13,6 +13,8 @@
 
 #include "ops.h"
 
+#include <time.h>
+
 /* The model's cache for these types, made on first use. */
 static sp_status model_cache(struct sp_model *m, enum sp_kv_type tk, enum sp_kv_type tv, struct sp_kv_cache **out) {
     pthread_mutex_lock(&m->kv_mu);
@@ -158,12 +160,9 @@ static sp_status shift_for(struct sp_seq *s, uint32_t nb) {
     return sp_seq_shift(s, d);
 }
 
-sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
-                        uint32_t *n_done) {
-    struct sp_kv_cells *c = &s->cells;
+sp_status sp_seq_fits(const struct sp_seq *s, uint32_t n) {
+    const struct sp_kv_cells *c = &s->cells;
     const struct sp_seq_params *p = &s->p;
-    if (n_done) *n_done = 0;
-    SP_ASSERT(!all_logits || n <= p->n_batch);
     if ((uint64_t)c->n + n > p->n_ctx) {
         if (!p->ctx_shift)
             return sp_err(SP_E_CONTEXT_FULL, "%u tokens do not fit: %u of %u context positions are used", n, c->n,
@@ -173,15 +172,34 @@ sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, flo
                           "%u tokens do not fit even after a context shift: the context holds %u, %u of them kept", n,
                           p->n_ctx, p->n_keep);
     }
-    sp_status rc = SP_OK;
+    return SP_OK;
+}
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
+                        uint32_t *n_done) {
+    struct sp_kv_cells *c = &s->cells;
+    const struct sp_seq_params *p = &s->p;
+    if (n_done) *n_done = 0;
+    SP_ASSERT(!all_logits || n <= p->n_batch);
+    sp_status rc = sp_seq_fits(s, n);
+    if (rc) return rc;
+    /* the governor's chunk (not with all_logits: every row is wanted from one pass) */
+    const uint32_t per = s->chunk && s->chunk < p->n_batch && !all_logits ? s->chunk : p->n_batch;
     for (uint32_t i = 0; i < n;) {
-        const uint32_t nb = SP_MIN(p->n_batch, n - i);
+        const uint32_t nb = SP_MIN(per, n - i);
         if (s->abort_fn && s->abort_fn(s->abort_user))
             return sp_err(SP_E_ABORTED, "decode aborted by the caller after %u of %u tokens", i, n);
         if (c->n + nb > p->n_ctx && (rc = shift_for(s, nb))) return rc;
         const uint32_t c0 = c->n;
         if ((rc = sp_kv_cells_append(c, tokens + i, nb, s->next_pos))) return rc;
         const bool last = i + nb == n;
+        const double t0 = s->pass_done ? mono_s() : 0;
         sp_pager_turn_begin(s->m->pager);
         rc = sp_forward(s->m, s->fwd, s->kv, c, c0, tokens + i, nb, last ? logits : NULL, all_logits);
         sp_pager_turn_end(s->m->pager);
@@ -192,8 +210,114 @@ sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, flo
         s->next_pos += (int32_t)nb;
         i += nb;
         if (n_done) *n_done = i;
+        if (s->pass_done) s->pass_done(s->pass_user, nb, mono_s() - t0, last);
     }
     return SP_OK;
+}
+
+/* ---- decode in slices ----------------------------------------------------------- */
+
+sp_status sp_seq_step_begin(struct sp_seq *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits) {
+    SP_ASSERT(!s->step.active && n >= 1 && (!all_logits || n <= s->p.n_batch));
+    sp_status rc = sp_seq_fits(s, n);
+    if (rc) return rc;
+    const struct sp_seq_step old = s->step;
+    s->step = (struct sp_seq_step){.tokens = tokens, .n = n, .logits = logits, .all_logits = all_logits,
+                                   .active = true, .layer_ms_tok = old.layer_ms_tok};
+    s->step.cur.s_per_unit[0] = old.cur.s_per_unit[0];
+    s->step.cur.s_per_unit[1] = old.cur.s_per_unit[1];
+    return SP_OK;
+}
+
+void sp_seq_step_cancel(struct sp_seq *s) {
+    struct sp_seq_step *st = &s->step;
+    if (!st->active) return;
+    if (st->in_pass) {
+        sp_pager_turn_end(s->m->pager);
+        sp_kv_cells_truncate(&s->cells, st->c0);
+    }
+    st->active = st->in_pass = false;
+}
+
+/* Tokens of the next pass: n_batch (or the governor's chunk); with experts
+ * (a layer's MoE block runs whole) what one layer of budget_ms holds at the
+ * measured cost, n_batch until a cost is known. */
+static uint32_t step_tokens(const struct sp_seq *s, double budget_ms) {
+    const struct sp_seq_step *st = &s->step;
+    if (st->all_logits) return st->n;
+    const uint32_t cap = s->chunk && s->chunk < s->p.n_batch ? s->chunk : s->p.n_batch;
+    uint32_t nb = cap;
+    if (s->m->mf->hp.n_experts > 0 && st->layer_ms_tok > 0) {
+        const double fit = budget_ms / st->layer_ms_tok;
+        nb = fit < 1 ? 1 : fit > cap ? cap : (uint32_t)fit;
+    }
+    return SP_MIN(nb, st->n - st->i);
+}
+
+sp_status sp_seq_step(struct sp_seq *s, double budget_s, bool *done, uint32_t *n_done) {
+    struct sp_seq_step *st = &s->step;
+    struct sp_kv_cells *c = &s->cells;
+    const uint32_t L = s->m->mf->hp.n_layers;
+    const double t0 = mono_s(), t_end = t0 + budget_s;
+    *done = false;
+    st->n_slices = 0;
+    if (!st->active) {
+        *done = true;
+        return SP_OK;
+    }
+    sp_status rc = SP_OK;
+    for (;;) {
+        if (!st->in_pass) {
+            if (st->i == st->n) {
+                st->active = false;
+                *done = true;
+                break;
+            }
+            if (st->n_slices > 0 && mono_s() >= t_end) break;
+            if (s->abort_fn && s->abort_fn(s->abort_user)) {
+                st->active = false;
+                return sp_err(SP_E_ABORTED, "decode aborted by the caller after %u of %u tokens", st->i, st->n);
+            }
+            const uint32_t nb = step_tokens(s, budget_s * 1e3);
+            if (c->n + nb > s->p.n_ctx && (rc = shift_for(s, nb))) break;
+            st->c0 = c->n;
+            if ((rc = sp_kv_cells_append(c, st->tokens + st->i, nb, s->next_pos))) break;
+            st->nb = nb;
+            st->cur.il = st->cur.stage = 0;
+            st->cur.row = 0;
+            st->cur.embedded = false;
+            st->pass_s = 0;
+            st->in_pass = true;
+            sp_pager_turn_begin(s->m->pager);
+        } else if (st->n_slices > 0) {
+            break; /* the slice below ran to the deadline */
+        }
+        const bool last = st->i + st->nb == st->n;
+        const struct sp_fwd_seg seg = {s->kv, c, st->c0, st->nb};
+        bool pass_done = false;
+        const double ts = mono_s();
+        rc = sp_forward_slice(s->m, s->fwd, &seg, st->tokens + st->i, last ? st->logits : NULL, st->all_logits, &st->cur,
+                              t_end, &pass_done);
+        st->pass_s += mono_s() - ts;
+        st->n_slices++;
+        if (rc) {
+            sp_pager_turn_end(s->m->pager);
+            sp_kv_cells_truncate(c, st->c0);
+            st->in_pass = false;
+            break;
+        }
+        if (pass_done) {
+            sp_pager_turn_end(s->m->pager);
+            st->in_pass = false;
+            s->next_pos += (int32_t)st->nb;
+            st->i += st->nb;
+            const double per = st->pass_s * 1e3 / ((double)st->nb * L);
+            st->layer_ms_tok = st->layer_ms_tok > 0 ? 0.7 * st->layer_ms_tok + 0.3 * per : per;
+        }
+    }
+    if (n_done) *n_done = st->i;
+    if (rc) st->active = false;
+    return rc;
 }
 
 /* ---- several sequences in one pass ------------------------------------------ */

@@ -26,6 +26,20 @@ struct sp_seq_params {
     uint32_t n_discard;     /* tokens a shift drops; 0 = half of those after n_keep */
 };
 
+/* A decode in slices (sp_seq_step_*): where it is. */
+struct sp_seq_step {
+    const int32_t *tokens;
+    uint32_t n, i;           /* tokens asked for / consumed by finished passes */
+    float *logits;
+    bool all_logits;
+    bool active, in_pass;
+    uint32_t c0, nb;         /* the pass under way: first cell, tokens */
+    struct sp_fwd_cursor cur;/* where in it (model.h) */
+    double pass_s;           /* work so far on the pass under way */
+    double layer_ms_tok;     /* measured ms per token of one layer (0: none yet) */
+    uint32_t n_slices;       /* sp_forward_slice calls of the last sp_seq_step (tests) */
+};
+
 /* Return true to stop a long decode between batches. */
 typedef bool (*sp_seq_abort_fn)(void *user);
 
@@ -40,6 +54,12 @@ struct sp_seq {
     uint32_t n_shifts;
     sp_seq_abort_fn abort_fn;
     void *abort_user;
+    /* the governor's: tokens per pass when 0 < chunk < n_batch, and a call
+     * after each pass of sp_seq_decode (n tokens, work_s seconds) */
+    uint32_t chunk;
+    void (*pass_done)(void *user, uint32_t n, double work_s, bool last);
+    void *pass_user;
+    struct sp_seq_step step;
 };
 
 /* SP_E_INVALID (a cache type this model's heads do not take; messages say
@@ -59,6 +79,21 @@ void sp_seq_reset(struct sp_seq *s);
  * the abort callback stopped it between batches; SP_E_IO from the pager. */
 sp_status sp_seq_decode(struct sp_seq *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits,
                         uint32_t *n_done);
+
+/* Whether n more tokens can be decoded (SP_E_CONTEXT_FULL as sp_seq_decode). */
+sp_status sp_seq_fits(const struct sp_seq *s, uint32_t n);
+
+/* sp_seq_decode in slices: begin checks what sp_seq_decode checks first
+ * (nothing done on an error); each sp_seq_step runs a pass's work
+ * (sp_forward_slice: a layer's stages, its products in row blocks) until
+ * about budget_s have gone, in passes of n_batch tokens (the governor's
+ * chunk caps them; with experts, as many as one layer's MoE block of the
+ * budget holds at the measured cost), and sets *done when every token is
+ * in.  The result is sp_seq_decode's, bit for bit when the passes are
+ * its batches.  cancel drops a pass under way.  Never allocates. */
+sp_status sp_seq_step_begin(struct sp_seq *s, const int32_t *tokens, uint32_t n, float *logits, bool all_logits);
+sp_status sp_seq_step(struct sp_seq *s, double budget_s, bool *done, uint32_t *n_done);
+void sp_seq_step_cancel(struct sp_seq *s);
 
 /* Decode n[i] tokens for each sequence seqs[i] (i < n_seq, all of one
  * model, each at most once) in one forward pass with f's scratch (tokens:

@@ -17,6 +17,15 @@
  *     then reads `sleeping` (both seq_cst), and broadcasts under the mutex
  *     if anyone may be asleep (Dekker-style ordering).
  *  4. stop is set only in sp_pool_free, after which workers exit.
+ *  5. active (1..n) is changed only between runs, by the owner
+ *     (sp_pool_set_active), under mu: resume_gen = gen first (every run up
+ *     to it is complete), then active.  Workers ith >= active park on
+ *     `park` and take no part in runs; a run waits for active - 1 workers.
+ *     A worker that sees a generation g takes part only if g > resume_gen
+ *     and ith < active, both read after g (so a worker that was parked, or
+ *     late, never repeats a finished run, and misses none after it).
+ *  6. sp_pool_idle asks spinning workers to sleep now instead of after
+ *     their spin; the next run clears the request before it publishes.
  * States: IDLE --sp_pool_run--> RUNNING --pending reaches 0--> IDLE;
  *         IDLE --sp_pool_free--> STOPPED.
  */
@@ -63,6 +72,10 @@ struct sp_pool {
     atomic_int pending;
     atomic_int sleeping;
     atomic_int stop;
+    atomic_int active;     /* threads taking part in runs (invariant 5) */
+    atomic_int idle_req;   /* sleep now (invariant 6) */
+    atomic_uint_fast64_t resume_gen; /* invariant 5 */
+    pthread_cond_t park;
     sp_pool_task_fn fn;
     void *arg;
 };
@@ -73,17 +86,28 @@ struct worker_arg {
 };
 
 /* Wait until gen differs from seen (or stop); returns the new gen. */
-static uint64_t wait_job(struct sp_pool *p, uint64_t seen) {
+static uint64_t wait_job(struct sp_pool *p, uint64_t seen, int ith) {
     for (int i = 0; i < SPIN_ITERS; i++) {
         uint64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen || atomic_load_explicit(&p->stop, memory_order_relaxed)) return g;
+        if (atomic_load_explicit(&p->idle_req, memory_order_relaxed) ||
+            ith >= atomic_load_explicit(&p->active, memory_order_relaxed))
+            break;
         backoff(i);
     }
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add(&p->sleeping, 1);
     uint64_t g;
-    while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->mu);
-    atomic_fetch_sub(&p->sleeping, 1);
+    for (;;) {
+        /* parked: not one of the active threads (invariant 5) */
+        while (ith >= atomic_load(&p->active) && !atomic_load(&p->stop)) pthread_cond_wait(&p->park, &p->mu);
+        const uint64_t rg = atomic_load(&p->resume_gen);
+        if (rg > seen) seen = rg; /* runs up to rg are finished */
+        atomic_fetch_add(&p->sleeping, 1);
+        while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop) && ith < atomic_load(&p->active))
+            pthread_cond_wait(&p->wake, &p->mu);
+        atomic_fetch_sub(&p->sleeping, 1);
+        if (g != seen || atomic_load(&p->stop)) break;
+    }
     pthread_mutex_unlock(&p->mu);
     return g;
 }
@@ -93,9 +117,17 @@ static void *worker(void *a) {
     const int ith = ((struct worker_arg *)a)->ith;
     uint64_t seen = 0;
     for (;;) {
-        seen = wait_job(p, seen);
+        seen = wait_job(p, seen, ith);
         if (atomic_load(&p->stop)) return NULL;
-        p->fn(p->arg, ith, p->n);
+        /* invariant 5: a worker that saw a new gen while spinning (or late)
+         * may not be one of its threads, or the run may be long finished */
+        const int n = atomic_load(&p->active);
+        const uint64_t rg = atomic_load(&p->resume_gen);
+        if (ith >= n || seen <= rg) {
+            if (rg > seen) seen = rg;
+            continue;
+        }
+        p->fn(p->arg, ith, n);
         atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
     }
 }
@@ -106,8 +138,10 @@ sp_status sp_pool_init(int n_threads, struct sp_pool **out) {
     struct sp_pool *p = sp_calloc(1, sizeof(*p));
     if (!p) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     p->n = n_threads;
+    atomic_store(&p->active, n_threads);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
+    pthread_cond_init(&p->park, NULL);
     if (n_threads > 1) {
         /* Worker args live in the same block, after the thread array. */
         p->threads = sp_calloc((size_t)n_threads - 1, sizeof(pthread_t) + sizeof(struct worker_arg));
@@ -134,32 +168,55 @@ void sp_pool_free(struct sp_pool *p) {
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
     pthread_cond_broadcast(&p->wake);
+    pthread_cond_broadcast(&p->park);
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->n_started; i++) pthread_join(p->threads[i], NULL);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
+    pthread_cond_destroy(&p->park);
     sp_free(p->threads);
     sp_free(p);
 }
 
 int sp_pool_n_threads(const struct sp_pool *p) {
+    return atomic_load_explicit(&p->active, memory_order_relaxed);
+}
+
+int sp_pool_max_threads(const struct sp_pool *p) {
     return p->n;
 }
 
+void sp_pool_set_active(struct sp_pool *p, int n) {
+    n = n < 1 ? 1 : n > p->n ? p->n : n;
+    if (n == atomic_load(&p->active)) return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->resume_gen, atomic_load(&p->gen));
+    atomic_store(&p->active, n);
+    pthread_cond_broadcast(&p->park); /* re-activated ones resume */
+    pthread_cond_broadcast(&p->wake); /* sleeping ones that are now inactive park */
+    pthread_mutex_unlock(&p->mu);
+}
+
+void sp_pool_idle(struct sp_pool *p) {
+    atomic_store_explicit(&p->idle_req, 1, memory_order_relaxed);
+}
+
 void sp_pool_run(struct sp_pool *p, sp_pool_task_fn fn, void *arg) {
-    if (p->n == 1) {
+    const int n = atomic_load_explicit(&p->active, memory_order_relaxed);
+    if (n == 1) {
         fn(arg, 0, 1);
         return;
     }
+    atomic_store_explicit(&p->idle_req, 0, memory_order_relaxed);
     p->fn = fn;
     p->arg = arg;
-    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+    atomic_store_explicit(&p->pending, n - 1, memory_order_relaxed);
     atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes fn/arg/pending */
     if (atomic_load(&p->sleeping) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
-    fn(arg, 0, p->n);
+    fn(arg, 0, n);
     for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) backoff(i);
 }

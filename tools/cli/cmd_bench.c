@@ -73,6 +73,9 @@ void help_bench(FILE *f) {
             "                          routing) or lru (default: next-use); adds\n"
             "                          expert_cache to the JSON\n"
             CLI_HELP_TOKENIZER
+            CLI_HELP_GOVERNOR
+            "                          (one governor across the repetitions; --json adds\n"
+            "                          its counters as \"governor\", null without it)\n"
             "      --cold              evict the model file from the page cache before each\n"
             "                          repetition (posix_fadvise DONTNEED)\n"
             "      --json              print one JSON object on stdout instead of the table:\n"
@@ -193,7 +196,7 @@ static enum sp_expert_cache expert_cache = SP_EXPERT_CACHE_AUTO; /* --expert-cac
  * code (EXIT_OK or EXIT_RUNTIME, message printed). */
 static int bench_once(const char *path, const char *tokenizer, enum sp_weight_mode weights, uint64_t mem_budget,
                       struct sp_session_params sp, int n_depth, int n_prompt, int n_gen, struct bench_run *r,
-                      struct sp_model_info *info) {
+                      struct sp_model_info *info, struct sp_governor *gov) {
     struct sp_model *model = NULL;
     struct sp_session *sess = NULL;
     int32_t *toks = NULL;
@@ -220,6 +223,10 @@ static int bench_once(const char *path, const char *tokenizer, enum sp_weight_mo
     rc = sp_session_init(model, &sp, &sess);
     if (rc != SP_OK) {
         ret = lib_error("creating the session", rc);
+        goto done;
+    }
+    if (gov && (rc = sp_session_set_governor(sess, gov)) != SP_OK) {
+        ret = lib_error("attaching the governor", rc);
         goto done;
     }
     r->load_s = now_s() - t0;
@@ -317,6 +324,8 @@ int cmd_bench(int argc, char **argv) {
     bool json = false, cold = false;
     uint64_t mem_budget = 0;
     enum sp_weight_mode weights = SP_WEIGHTS_AUTO;
+    struct gov_opts go = {0};
+    struct sp_governor *gov = NULL;
     struct sp_session_params sp = sp_session_default_params();
     sp.n_threads = default_threads();
     sp.sampling.temp = 0.0f; /* greedy */
@@ -362,10 +371,13 @@ int cmd_bench(int argc, char **argv) {
         } else if (opt_is(&a, NULL, "--json")) {
             opt_no_value(&a);
             json = true;
+        } else if (gov_opt(&a, &go)) {
+            /* --governor and its options */
         } else {
             last_opt(&a, "the model goes after -m");
         }
     }
+    gov_opts_check(a.cmd, &go);
     if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow bench --help')");
     const long long need = n_depth + (n_prompt > n_gen + 1 ? n_prompt : n_gen + 1);
     if (sp.n_ctx == 0) sp.n_ctx = (int32_t)need;
@@ -382,12 +394,14 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "sparrow: bench: out of memory\n");
         goto done;
     }
+    if ((ret = gov_create(&go, &gov)) != EXIT_OK) goto done;
+    ret = EXIT_RUNTIME;
     for (long long i = 0; i < reps; i++) {
         if (cold && evict_file(model_path) != 0 && i == 0) {
             fprintf(stderr, "sparrow: bench: warning: cannot evict '%s' from the page cache\n", model_path);
         }
         if ((ret = bench_once(model_path, tokenizer, weights, mem_budget, sp, (int)n_depth, (int)n_prompt, (int)n_gen,
-                              &runs[i], &info)) != EXIT_OK) {
+                              &runs[i], &info, gov)) != EXIT_OK) {
             goto done;
         }
         if (!json && i == 0) { /* the header once a repetition worked: a failure prints no table */
@@ -434,6 +448,7 @@ int cmd_bench(int argc, char **argv) {
                ", \"model_bytes_per_token\": %" PRIu64 ", \"model_params\": %" PRIu64 ", ",
                info.file_size, info.tensor_bytes, info.bytes_per_token, info.n_params);
         json_fields(&med);
+        gov_json(gov);
         printf(", \"runs\": [");
         for (long long i = 0; i < reps; i++) {
             printf("%s{", i ? ", " : "");
@@ -448,6 +463,7 @@ int cmd_bench(int argc, char **argv) {
                r->bytes_read / 1048576.0, r->bytes_read_per_token);
         printf("model: %.2f GiB of tensors, %.1f MiB touched per decoded token\n",
                (double)info.tensor_bytes / 1073741824.0, (double)info.bytes_per_token / 1048576.0);
+        if (gov) gov_report(gov);
         if (isfinite(r->expert_hit_rate) || isfinite(r->prefetch_accuracy)) {
             printf("experts: hit rate %.3f, prefetch accuracy %.3f; waited for reads %.3f s per token (medians over "
                    "the decodes)\n", r->expert_hit_rate, r->prefetch_accuracy, r->io_wait_s_per_token);
@@ -462,6 +478,7 @@ int cmd_bench(int argc, char **argv) {
 done:
     free(runs);
     free(col);
+    sp_governor_free(gov);
     return ret;
 }
 

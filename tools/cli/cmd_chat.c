@@ -131,6 +131,7 @@ struct chat {
     bool plain;                 /* no template: plain turns */
     bool json;
     struct gen_opts g;
+    struct sp_governor *gov;    /* --governor, or NULL */
     char *sys;                  /* the system prompt, or NULL */
     struct sp_chat_message *msgs;
     size_t n_msgs, cap_msgs;
@@ -570,6 +571,11 @@ static void cmd_stats(struct chat *c) {
            human_bytes(ms.resident_weight_bytes, b2, sizeof b2));
     if (ms.account_limit) printf(", budget %s", human_bytes(ms.account_limit, b1, sizeof b1));
     printf(", peak %s\n", human_bytes(ms.account_peak, b2, sizeof b2));
+    struct sp_governor_stats gs;
+    if (c->gov && sp_governor_get_stats(c->gov, &gs) == SP_OK)
+        printf("governor: state %s%s, threads %d, experts %d, pacing %.2f ms, %lld state changes, paced %.3f s\n",
+               sp_gov_state_name(gs.state), gs.saver ? " + battery saver" : "", (int)gs.threads,
+               (int)gs.n_expert_used, gs.pacing_ms, (long long)gs.n_state_changes, gs.paced_s);
     fflush(stdout);
 }
 
@@ -748,9 +754,11 @@ int cmd_chat(int argc, char **argv) {
             usage_error(a.cmd, "unknown template name '%s' (see 'sparrow template --help' for the list)", tmpl_name);
         c.cp.tmpl = tmpl_name;
     }
+    gov_opts_check(a.cmd, &c.g.gov);
     gen_opts_seed(&c.g);
 
     int ret = EXIT_RUNTIME;
+    struct sp_governor *gov = NULL;
     sp_status rc;
     sp_log_set(cli_log, &log_verbose);
     rc = load_model(model_path, tokenizer, false, c.g.mem_budget, &c.g.sp, &c.model);
@@ -763,6 +771,13 @@ int cmd_chat(int argc, char **argv) {
         ret = lib_error("creating the session", rc);
         goto done;
     }
+    if ((ret = gov_create(&c.g.gov, &gov)) != EXIT_OK) goto done;
+    ret = EXIT_RUNTIME;
+    if (gov && (rc = sp_session_set_governor(c.sess, gov)) != SP_OK) {
+        ret = lib_error("attaching the governor", rc);
+        goto done;
+    }
+    c.gov = gov;
     if (!c.cp.tmpl) {
         size_t len = 0;
         rc = sp_model_meta_str(c.model, "tokenizer.chat_template", NULL, 0, &len);
@@ -807,6 +822,7 @@ done:
     free(c.render.p);
     free(c.answer.p);
     sp_session_free(c.sess);
+    sp_governor_free(gov);
     sp_model_free(c.model);
     return ret;
 }

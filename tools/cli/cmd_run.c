@@ -137,6 +137,7 @@ int cmd_run(int argc, char **argv) {
     const long long n_predict = g.n_predict;
     const uint64_t mem_budget = g.mem_budget;
     const char *prompt_cache = g.prompt_cache;
+    gov_opts_check(a.cmd, &g.gov);
     if (!model_path) usage_error(a.cmd, "-m MODEL is required (see 'sparrow run --help')");
     if (prompt && prompt_file) usage_error(a.cmd, "-p and -f exclude each other");
 
@@ -144,6 +145,7 @@ int cmd_run(int argc, char **argv) {
     sp_status rc;
     struct sp_model *model = NULL;
     struct sp_session *sess = NULL;
+    struct sp_governor *gov = NULL;
     char *file_text = NULL;
     int32_t *toks = NULL, n_toks = 0;
     struct run_out ro = {{NULL, 0}, NULL, '\n', 0};
@@ -171,6 +173,12 @@ int cmd_run(int argc, char **argv) {
     rc = sp_session_init(model, &sp, &sess);
     if (rc != SP_OK) {
         ret = lib_error("creating the session", rc);
+        goto done;
+    }
+    if ((ret = gov_create(&g.gov, &gov)) != EXIT_OK) goto done;
+    ret = EXIT_RUNTIME;
+    if (gov && (rc = sp_session_set_governor(sess, gov)) != SP_OK) {
+        ret = lib_error("attaching the governor", rc);
         goto done;
     }
     const double t_load = now_s() - t_load0;
@@ -254,6 +262,7 @@ int cmd_run(int argc, char **argv) {
             "(%.1f tok/s) | generated %lld tokens in %.3f s%s\n",
             t_load, (int)(n_toks - reuse), t_prompt, t_prompt > 0 ? (n_toks - reuse) / t_prompt : 0.0, n_dec, t_dec,
             t_dec > 0 ? n_dec / t_dec : 0.0, n_gen, t_gen, stop == STOP_EOG ? " | stopped at end of generation" : "");
+    gov_report(gov);
     ret = stop == STOP_INT ? EXIT_INTERRUPTED : EXIT_OK;
 
 done:
@@ -261,6 +270,7 @@ done:
     free(toks);
     free(file_text);
     sp_session_free(sess);
+    sp_governor_free(gov); /* after the session: it detaches; the trace is renamed into place */
     sp_model_free(model);
     return ret;
 }

@@ -394,10 +394,99 @@ int gen_opt(struct argp *a, struct gen_opts *g) {
         g->sp.n_keep = (int32_t)parse_int(a, opt_value(a), 0, INT32_MAX);
     } else if (opt_is(a, NULL, "--prompt-cache")) {
         g->prompt_cache = opt_value(a);
+    } else if (gov_opt(a, &g->gov)) {
+        /* --governor and its options */
     } else {
         return 0;
     }
     return 1;
+}
+
+/* ---- the governor's options ------------------------------------------------------ */
+
+int gov_opt(struct argp *a, struct gov_opts *o) {
+    bool needs = true;
+    if (opt_is(a, NULL, "--governor")) {
+        opt_no_value(a);
+        o->on = true;
+        needs = false;
+    } else if (opt_is(a, NULL, "--target-ms")) {
+        o->target_ms = parse_num(a, opt_value(a), 0, 1e6, 1);
+    } else if (opt_is(a, NULL, "--target-ttft")) {
+        o->target_ttft_s = parse_num(a, opt_value(a), 0, 1e4, 1);
+    } else if (opt_is(a, NULL, "--thermal-file")) {
+        o->thermal_file = opt_value(a);
+    } else if (opt_is(a, NULL, "--battery-file")) {
+        o->battery_file = opt_value(a);
+    } else if (opt_is(a, NULL, "--trace")) {
+        o->trace = opt_value(a);
+    } else if (opt_is(a, NULL, "--governor-policy")) {
+        o->policy = opt_value(a);
+    } else {
+        return 0;
+    }
+    if (needs && !o->first_without[0]) snprintf(o->first_without, sizeof o->first_without, "%s", a->name);
+    return 1;
+}
+
+void gov_opts_check(const char *cmd, const struct gov_opts *o) {
+    if (!o->on && o->first_without[0]) usage_error(cmd, "%s needs --governor (the governor is off unless asked for)", o->first_without);
+}
+
+int gov_create(const struct gov_opts *o, struct sp_governor **out) {
+    *out = NULL;
+    if (!o->on) return EXIT_OK;
+    struct sp_governor_params gp = sp_governor_default_params();
+    gp.target_ms = o->target_ms;
+    gp.target_ttft_s = o->target_ttft_s;
+    gp.thermal_file = o->thermal_file;
+    gp.battery_file = o->battery_file;
+    gp.trace_path = o->trace;
+    gp.policy_file = o->policy;
+    sp_status rc = sp_governor_init(&gp, out);
+    return rc == SP_OK ? EXIT_OK : lib_error("starting the governor", rc);
+}
+
+void gov_report(const struct sp_governor *g) {
+    struct sp_governor_stats st;
+    if (!g || sp_governor_get_stats(g, &st) != SP_OK) return;
+    fprintf(stderr,
+            "sparrow: governor: state %s%s, threads %d, experts %d, pacing %.2f ms | %lld plans, %lld state "
+            "changes, paced %.3f s | s normal/warm/hot/critical %.2f/%.2f/%.2f/%.2f, saver %.2f\n",
+            sp_gov_state_name(st.state), st.saver ? " + battery saver" : "", (int)st.threads, (int)st.n_expert_used,
+            st.pacing_ms, (long long)st.n_plans, (long long)st.n_state_changes, st.paced_s, st.state_s[0],
+            st.state_s[1], st.state_s[2], st.state_s[3], st.saver_s);
+}
+
+void gov_json(const struct sp_governor *g) {
+    struct sp_governor_stats st;
+    printf(", \"governor\": ");
+    if (!g || sp_governor_get_stats(g, &st) != SP_OK) {
+        printf("null");
+        return;
+    }
+    printf("{\"state\": \"%s\", \"saver\": %s", sp_gov_state_name(st.state), st.saver ? "true" : "false");
+    json_key_num("tokens", (double)st.n_tokens, 1);
+    json_key_num("prefill_tokens", (double)st.n_prefill_tokens, 1);
+    json_key_num("plans", (double)st.n_plans, 1);
+    json_key_num("state_changes", (double)st.n_state_changes, 1);
+    json_key_num("saver_changes", (double)st.n_saver_changes, 1);
+    json_key_num("thread_changes", (double)st.n_thread_changes, 1);
+    json_key_num("expert_changes", (double)st.n_expert_changes, 1);
+    json_key_num("chunk_changes", (double)st.n_chunk_changes, 1);
+    json_key_num("paced_s", st.paced_s, 0);
+    json_key_num("normal_s", st.state_s[SP_GOV_NORMAL], 0);
+    json_key_num("warm_s", st.state_s[SP_GOV_WARM], 0);
+    json_key_num("hot_s", st.state_s[SP_GOV_HOT], 0);
+    json_key_num("critical_s", st.state_s[SP_GOV_CRITICAL], 0);
+    json_key_num("saver_s", st.saver_s, 0);
+    json_key_num("max_temp_c", st.max_temp_c, 0);
+    json_key_num("threads", st.threads, 1);
+    json_key_num("n_expert_used", st.n_expert_used, 1);
+    json_key_num("chunk", st.chunk, 1);
+    json_key_num("pacing_ms", st.pacing_ms, 0);
+    json_key_num("ms_per_token", st.ms_per_token, 0);
+    putchar('}');
 }
 
 void gen_opts_seed(struct gen_opts *g) {
@@ -452,7 +541,8 @@ void help_gen_opts(FILE *f) {
             "      --context-shift     when the context is full, drop the oldest tokens after\n"
             "                          the first --keep and go on (default: stop there)\n"
             "      --keep N            tokens at the start a context shift keeps (attention\n"
-            "                          sinks), 0..CTX-1 (default: 0)\n",
+            "                          sinks), 0..CTX-1 (default: 0)\n"
+            CLI_HELP_GOVERNOR,
             DEF_TEMP, DEF_TOP_K, DEF_TOP_P, DEF_MIN_P, DEF_REPEAT_PENALTY, MAX_REPEAT_LAST_N, DEF_REPEAT_LAST_N,
             MAX_THREADS, default_threads(), MAX_BATCH);
 }

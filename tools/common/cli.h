@@ -78,7 +78,43 @@ int session_opt(struct argp *a, struct sp_session_params *sp);
  * --prompt-cache FILE.  gen_opts_init sets the defaults the help prints;
  * gen_opt returns 1 when argv[i] was one of them; gen_opts_seed draws a
  * seed from the clock when --seed was not given. */
+/* The governor's options run, chat, bench and serve share (docs/GOVERNOR.md):
+ * --governor (the switch; the others need it), --target-ms MS, --target-ttft S,
+ * --thermal-file F, --battery-file F, --trace FILE, --governor-policy FILE.
+ * gov_opt returns 1 when argv[i] was one of them; gov_opts_check refuses the
+ * others without --governor; gov_create makes the governor when it is on
+ * (*out NULL otherwise; a library error is printed and EXIT_RUNTIME
+ * returned). */
+struct gov_opts {
+    bool on;
+    double target_ms, target_ttft_s;
+    const char *thermal_file, *battery_file, *trace, *policy;
+    char first_without[64];    /* an option given (before --governor was known), "" none */
+};
+int gov_opt(struct argp *a, struct gov_opts *o);
+void gov_opts_check(const char *cmd, const struct gov_opts *o);
+int gov_create(const struct gov_opts *o, struct sp_governor **out);
+/* One "sparrow: governor: ..." line of its counters on stderr. */
+void gov_report(const struct sp_governor *g);
+/* ", \"governor\": {...}" (its counters) on stdout; null when off. */
+void gov_json(const struct sp_governor *g);
+#define CLI_HELP_GOVERNOR                                                                                              \
+    "      --governor          hold a latency target through heat, a low battery and\n"                                 \
+    "                          a busy device: threads, pacing, MoE experts and the\n"                                   \
+    "                          prompt chunk follow the sensors (docs/GOVERNOR.md);\n"                                   \
+    "                          off by default.  The options below need it:\n"                                           \
+    "      --target-ms MS      per-token latency to hold (ms)\n"                                                        \
+    "      --target-ttft S     time to first token to hold (s)\n"                                                       \
+    "      --thermal-file F    read the temperature (millidegrees C) from F instead\n"                                  \
+    "                          of the hottest /sys/class/thermal zone\n"                                                \
+    "      --battery-file F    read the battery from F (line 1 percent, line 2 the\n"                                   \
+    "                          status: Charging, Discharging, Full, Not charging;\n"                                    \
+    "                          none = discharging) instead of /sys/class/power_supply\n"                                \
+    "      --trace FILE        write each decision as a JSON line to FILE\n"                                            \
+    "      --governor-policy F override the state table from F (key = value lines)\n"
+
 struct gen_opts {
+    struct gov_opts gov;
     struct sp_session_params sp;
     long long n_predict;
     bool have_seed;

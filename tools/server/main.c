@@ -59,6 +59,8 @@ static void help(FILE *f) {
             "      --max-body BYTES    largest request body; more is refused with 413\n"
             "                          (default: %u)\n"
             "  -n, --n-predict N       max_tokens cap and default (default: the context)\n"
+            CLI_HELP_GOVERNOR
+            "                          (serve: each batched step counts as a token)\n"
             "  -v, --verbose           log more\n",
             DEF_PORT, DEF_SLOTS, DEF_CTX, DEF_MAX_BODY);
 }
@@ -153,10 +155,13 @@ int main(int argc, char **argv) {
             c->max_body = (size_t)parse_int(&a, opt_value(&a), 1024, 64ll << 20);
         } else if (opt_is(&a, "-n", "--n-predict")) {
             n_predict = parse_int(&a, opt_value(&a), -1, INT32_MAX);
+        } else if (gov_opt(&a, &c->gov)) {
+            /* --governor and its options */
         } else {
             last_opt(&a, "options only; the model goes after -m");
         }
     }
+    gov_opts_check("serve", &c->gov);
     if (!c->model_path) usage_error("serve", "no model: give one with -m FILE");
     if (c->sp.n_ctx == 0) c->sp.n_ctx = DEF_CTX;
     if (c->sp.n_ctx < 2) usage_error("serve", "-c %d: a slot needs at least 2 tokens", c->sp.n_ctx);

@@ -491,6 +491,8 @@ int srv_start(struct srv *sv) {
     const int32_t n_tok = MAX_I32(c->sp.n_batch ? c->sp.n_batch : 128, c->n_slots);
     if ((st = sp_batch_init(sv->model, c->n_slots, n_tok, c->sp.n_threads, &sv->batch)))
         return lib_error("the batch", st), -1;
+    if (gov_create(&c->gov, &sv->gov) != EXIT_OK) return -1;
+    if (sv->gov && (st = sp_batch_set_governor(sv->batch, sv->gov))) return lib_error("attaching the governor", st), -1;
     if (pthread_create(&sv->thread, NULL, sched_main, sv)) return fprintf(stderr, "sparrow serve: no thread\n"), -1;
     sv->ready = true;
     return 0;
@@ -517,6 +519,8 @@ void srv_free(struct srv *sv) {
     }
     free(sv->slots);
     sp_batch_free(sv->batch);
+    if (sv->gov) gov_report(sv->gov);
+    sp_governor_free(sv->gov);
     sp_model_free(sv->model);
 }
 

@@ -18,6 +18,8 @@
 
 #include "sparrow.h"
 
+#include "../common/cli.h"
+
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -62,6 +64,7 @@ struct srv_config {
     int n_slots;
     struct sp_session_params sp; /* per slot: n_ctx, threads, cache types */
     uint64_t mem_budget;
+    struct gov_opts gov;      /* --governor and its options */
     const char *chat_template;/* NULL: the model's */
     bool jinja;
     size_t max_body;          /* bytes of a request body */
@@ -121,6 +124,7 @@ struct srv {
     struct sp_model *model;
     struct sp_model_info info;
     struct sp_batch *batch;
+    struct sp_governor *gov;  /* --governor: steers the batch; NULL = off */
     struct srv_slot *slots;   /* (n_slots) */
     pthread_t thread;
     pthread_mutex_t mu;       /* the queue, stop, the slots' req pointers for /slots */
