@@ -15,10 +15,10 @@
  * by name or from a file) can choose each matrix's type: then Sparrow's native
  * types are written directly, each row quantized by sp_quantize_rows as
  * `sparrow quantize` does without calibration, so mixed-precision models of
- * full size need no F16 intermediate.  Rows are generated and quantized in slabs of a few MiB that the
- * threads fill in parallel and the calling thread appends to the GGUF writer
- * (format/gguf.h; temporary file + rename, so a failed or cancelled run leaves
- * nothing behind).  docs/BENCHMARKS.md describes the shapes and their use.
+ * full size need no F16 intermediate.  Rows are generated and quantized in
+ * slabs of a few MiB that the threads fill in parallel and the calling thread
+ * appends to the GGUF writer (format/gguf.h; temporary file + rename, so a
+ * failed or cancelled run leaves nothing behind).  docs/BENCHMARKS.md describes the shapes and their use.
  */
 #include "sparrow.h"
 
@@ -617,8 +617,10 @@ sp_status sp_synth_size(const char *shape, const char *type, uint64_t *n_params,
  * The file appears only when complete (temporary file + rename); on failure
  * or cancellation nothing is left and an existing file at path is untouched.
  * Progress reports tensor-data bytes written after each slab.  Returns SP_OK,
- * SP_E_INVALID (unknown shape or type, no path), SP_E_IO (message names the
- * file), SP_E_NOMEM, or SP_E_STATE when the progress callback cancelled. */
+ * SP_E_INVALID (unknown shape, type or policy, not exactly one of them, a
+ * matrix no policy rule matches, no path), SP_E_IO (message names the file),
+ * SP_E_FORMAT (a malformed policy file), SP_E_NOMEM, or SP_E_STATE when the
+ * progress callback cancelled. */
 sp_status sp_synth(const struct sp_synth_params *params) {
     if (!params || !params->path || !*params->path) return sp_err(SP_E_INVALID, "%s: no output path", __func__);
     const struct sp_synth_params *P = params;
