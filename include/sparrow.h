@@ -961,6 +961,10 @@ struct sp_synth_params {
     const char *shape;        /* a shape name, e.g. "llama-7b" (sp_synth_get_shape) */
     const char *type;         /* a file type: "f16", "bf16", "q8_0", "q4_0", "q4_k_m"
                                  (sp_synth_type_name); norms and the MoE router stay F32 */
+    const char *policy;       /* instead of type: a quantize policy by name ("q4", "moe3",
+                                 sp_quantize_policy_info) -- Sparrow's native types, each
+                                 tensor quantized as sp_quantize would; norms stay F32 */
+    const char *policy_file;  /* instead of type: a policy file (docs/QUANT.md) */
     const char *path;         /* output file, created or replaced only when complete */
     uint64_t seed;            /* the same shape, type and seed give the same bytes */
     int32_t n_threads;        /* 0 = one; the output does not depend on it */
@@ -994,6 +998,11 @@ const char *sp_synth_type_name(int32_t i); /* NULL out of range */
  * MB of metadata and padding).  Either out-pointer may be NULL.  SP_E_INVALID
  * for unknown names. */
 sp_status sp_synth_size(const char *shape, const char *type, uint64_t *n_params, uint64_t *tensor_bytes);
+
+/* The same for params (shape and exactly one of type, policy, policy_file;
+ * path and the rest are ignored).  SP_E_INVALID for unknown names or not
+ * exactly one of the three, SP_E_IO / SP_E_FORMAT for a policy file. */
+sp_status sp_synth_params_size(const struct sp_synth_params *params, uint64_t *n_params, uint64_t *tensor_bytes);
 
 /* ---------------------------------------------------------------------------
  * Quantizer (src/quantize/): a model file in, a GGUF with Sparrow's mixed-

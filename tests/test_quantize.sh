@@ -95,6 +95,24 @@ if [ "$rc" -eq 0 ] && [ -s "$tmp/out" ]; then ok "mem4: runs"; else bad "mem4: d
 sp inspect "$out"
 has "mem4 metadata" "$tmp/out" "sparrow.requires" "native-types-1" "sparrow.quant.policy" "general.alignment                       4096"
 
+# ---- moe3 on the MoE model: routed experts 3-bit, router F32, the rest as q4 --------------------
+MOE=$SHARED/models/stories260K-moe/stories260K-moe-f32.gguf
+if [ -r "$MOE" ]; then
+    expect "moe3" 0 "$MOE" "$out" --policy moe3 -t 2 -q
+    has "moe3 summary" "$tmp/out" "policy        moe3" "bpw           3.4"
+    sp inspect "$out"
+    for pair in "blk.0.ffn_gate_exps.weight i3_b64" "blk.4.ffn_down_exps.weight i3_b64" \
+        "blk.0.ffn_gate_inp.weight F32" "blk.2.attn_k.weight i6_b64_l8" "blk.2.attn_q.weight i4n_b32_l8"; do
+        set -- $pair
+        if grep -E " $1 +$2 " "$tmp/out" >/dev/null; then ok "moe3: $1 is $2"; else
+            bad "moe3: $1 is not $2" "$(grep -F "$1" "$tmp/out")"; fi
+    done
+    sp run -m "$out" -p "Once upon a time" -n 16 --temp 0
+    if [ "$rc" -eq 0 ] && [ -s "$tmp/out" ]; then ok "moe3: runs"; else bad "moe3: does not run" "$(show_err)"; fi
+else
+    bad "missing fixture: $MOE (set SPARROW_SHARED)"
+fi
+
 # ---- llama2.c input, calibrated, pruned -----------------------------------------------------
 head -c 4000 "$SHARED/peer-golden/tinystories-valid-excerpt.txt" >"$tmp/calib.txt"
 expect "llama2.c pruned" 0 "$M/stories260K.bin" "$out" --tokenizer "$M/tok512.bin" --policy q4 \

@@ -5,12 +5,16 @@
  * the source weights within the format's error; the bytes depend on the seed
  * but not on the thread count; the MoE shape has the tensors and router that
  * make routing vary, runs, and routes differently from token to token; failures and cancels leave no file behind.
+ * With a quantize policy instead of a file type: each tensor gets the
+ * policy's native type, quantized as sp_quantize_rows does, the file runs and
+ * its bytes do not depend on the thread count.
  * Files go to a temporary folder under $SPARROW_SCRATCH (default /tmp).
  */
 #include "sparrow.h"
 
 #include "api_internal.h"
 #include "format/model_file.h"
+#include "quant/native.h"
 #include "quant/quant.h"
 #include "test_util.h"
 
@@ -284,6 +288,131 @@ static void test_determinism(void) {
     unlink(path_in("d3.gguf"));
 }
 
+/* ---- policies: native types written directly ----------------------------- */
+
+static sp_status synth_policy(const char *shape, const char *policy, const char *policy_file, const char *path,
+                              uint64_t seed, int threads) {
+    struct sp_synth_params p = sp_synth_default_params();
+    p.shape = shape;
+    p.policy = policy;
+    p.policy_file = policy_file;
+    p.path = path;
+    p.seed = seed;
+    p.n_threads = threads;
+    return sp_synth(&p);
+}
+
+static uint64_t policy_bytes(const char *shape, const char *policy) {
+    struct sp_synth_params p = sp_synth_default_params();
+    uint64_t nb = 0;
+    p.shape = shape;
+    p.policy = policy;
+    return sp_synth_params_size(&p, NULL, &nb) == SP_OK ? nb : 0;
+}
+
+static void test_policies(void) {
+    /* sizes: moe3 on qwen3-30b-a3b, its routed experts at i3_b64 (3.25 bpw) */
+    struct sp_synth_params q = sp_synth_default_params();
+    uint64_t np = 0, nb = 0, nb_q40 = 0;
+    q.shape = "qwen3-30b-a3b";
+    q.policy = "moe3";
+    CHECK(sp_synth_params_size(&q, &np, &nb) == SP_OK);
+    CHECK(sp_synth_size("qwen3-30b-a3b", "q4_0", NULL, &nb_q40) == SP_OK);
+    const double bpw = (double)nb * 8.0 / (double)np;
+    CHECKF(bpw > 3.25 && bpw < 3.45, "qwen3-30b-a3b moe3: %.3f bpw", bpw);
+    CHECKF(nb < nb_q40 * 3 / 4, "qwen3-30b-a3b moe3 %llu bytes, q4_0 %llu", (unsigned long long)nb,
+           (unsigned long long)nb_q40);
+    CHECK(policy_bytes("tiny", "q8") > policy_bytes("tiny", "q4"));
+    /* exactly one of type, policy, policy file; unknown names */
+    q.type = "q4_0";
+    CHECK(sp_synth_params_size(&q, NULL, NULL) == SP_E_INVALID);
+    q.type = NULL;
+    q.policy = "moe9";
+    CHECK(sp_synth_params_size(&q, NULL, NULL) == SP_E_INVALID);
+    q.policy = NULL;
+    CHECK(sp_synth_params_size(&q, NULL, NULL) == SP_E_INVALID);
+    q.policy_file = path_in("no-such-policy.txt");
+    CHECK(sp_synth_params_size(&q, NULL, NULL) == SP_E_IO);
+    CHECK(synth_policy("tiny", "q4", NULL, NULL, 1, 1) == SP_E_INVALID); /* no path */
+
+    /* a policy file without a catch-all: a matrix no rule matches is an error, no file written */
+    const char *pf = path_in("partial.txt");
+    FILE *f = fopen(pf, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("*ffn_gate_inp* F32\n*_exps.weight Q8_0\n", f);
+        fclose(f);
+    }
+    CHECK(synth_policy("tiny-moe", NULL, pf, path_in("partial.gguf"), 1, 1) == SP_E_INVALID);
+    CHECKF(strstr(sp_last_error(), "no rule matches tensor 'token_embd.weight'") != NULL, "message: %s",
+           sp_last_error());
+    struct stat st;
+    CHECK(stat(path_in("partial.gguf"), &st) != 0);
+    /* ... and with one, ggml types too */
+    f = fopen(pf, "w");
+    if (f) {
+        fputs("*ffn_gate_inp* F32\n*_exps.weight Q8_0\n* F16\n", f);
+        fclose(f);
+    }
+    sp_status rc = synth_policy("tiny-moe", NULL, pf, path_in("file-policy.gguf"), 1, 2);
+    CHECKF(rc == SP_OK, "synth tiny-moe --policy-file: %s", sp_last_error());
+    if (rc == SP_OK) {
+        CHECK(strcmp(tensor_type(path_in("file-policy.gguf"), "blk.1.ffn_up_exps.weight"), "Q8_0") == 0);
+        CHECK(strcmp(tensor_type(path_in("file-policy.gguf"), "blk.1.attn_q.weight"), "F16") == 0);
+        check_runs(path_in("file-policy.gguf"), "tiny-moe policy file");
+    }
+
+    /* moe3 on tiny-moe: the policy's types, same bytes for 1 and 2 threads, runs */
+    const char *m1 = path_in("tiny-moe-moe3.gguf"), *m2 = path_in("tiny-moe-moe3-t1.gguf");
+    rc = synth_policy("tiny-moe", "moe3", NULL, m1, 3, 2);
+    CHECKF(rc == SP_OK, "synth tiny-moe moe3: %s", sp_last_error());
+    CHECK(synth_policy("tiny-moe", "moe3", NULL, m2, 3, 1) == SP_OK);
+    size_t n1 = 0, n2 = 0;
+    unsigned char *a = slurp(m1, &n1), *b = slurp(m2, &n2);
+    CHECKF(a && b && n1 == n2 && memcmp(a, b, n1) == 0, "moe3: 1 and 2 threads give different bytes");
+    free(a);
+    free(b);
+    if (rc != SP_OK) return;
+    static const char *const want[][2] = {
+        {"token_embd.weight", "i4n_b64_l8"},      {"output.weight", "i4n_b32_l8"},
+        {"blk.0.attn_q.weight", "i4n_b32_l8"},    {"blk.0.attn_k.weight", "i6_b64_l8"},
+        {"blk.1.attn_v.weight", "i6_b64_l8"},     {"blk.1.attn_output.weight", "i4n_b32_l8"},
+        {"blk.0.ffn_gate_inp.weight", "F32"},     {"blk.0.ffn_gate_exps.weight", "i3_b64"},
+        {"blk.1.ffn_up_exps.weight", "i3_b64"},   {"blk.1.ffn_down_exps.weight", "i3_b64"},
+        {"blk.0.attn_norm.weight", "F32"},        {"output_norm.weight", "F32"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const char *got = tensor_type(m1, want[i][0]);
+        CHECKF(strcmp(got, want[i][1]) == 0, "moe3 %s: %s, want %s", want[i][0], got, want[i][1]);
+    }
+    check_runs(m1, "tiny-moe moe3");
+
+    /* the experts are the same random weights, quantized as the quantizer would:
+     * against the F16 file of the same seed, within what sp_quantize_rows gets */
+    const char *fp = path_in("tiny-moe-f16.gguf");
+    CHECK(synth("tiny-moe", "f16", fp, 3, 2) == SP_OK);
+    const char *const names[] = {"blk.0.ffn_gate_exps.weight", "blk.1.attn_k.weight", "token_embd.weight"};
+    for (size_t c = 0; c < sizeof names / sizeof names[0]; c++) {
+        int64_t n = 0, n3 = 0;
+        float *ref = read_tensor_f32(fp, names[c], &n), *got = read_tensor_f32(m1, names[c], &n3);
+        const uint32_t t = (uint32_t)sp_qtype_from_name(tensor_type(m1, names[c]));
+        CHECKF(ref && got && n == n3, "%s: readable", names[c]);
+        if (ref && got && n == n3) {
+            void *blk = malloc(sp_qtype_row_bytes(t, n));
+            float *back = malloc((size_t)n * sizeof(float));
+            CHECK(sp_quantize_rows(t, ref, 1, n, NULL, blk) == SP_OK);
+            sp_qtraits_ref(t)->to_float(blk, back, n);
+            const double e_synth = nrmse(got, ref, n), e_ref = nrmse(back, ref, n);
+            CHECKF(e_synth < 1.05 * e_ref + 1e-3, "%s: synth NRMSE %.4f, sp_quantize_rows %.4f", names[c], e_synth,
+                   e_ref);
+            free(blk);
+            free(back);
+        }
+        free(ref);
+        free(got);
+    }
+}
+
 /* ---- the MoE shape ----------------------------------------------------- */
 
 static int top2_key(const float *logit, int n) {
@@ -501,6 +630,7 @@ int main(void) {
     test_mixture();
     test_kquant_accuracy();
     test_determinism();
+    test_policies();
     test_moe();
     test_deep_routing();
     test_failure_paths();

@@ -1,6 +1,7 @@
 #!/bin/sh
 # test_synth.sh -- black-box tests of `sparrow synth` and `sparrow bench`:
 # usage errors, --list, every file type of the tiny shape written and run,
+# policies (--policy, --policy-file: native types written directly),
 # atomic output (a failed write leaves no file and no temporary behind), and
 # bench's table and JSON (keys present, numbers positive).  The numerics of
 # synth are tested in test_synth.c.  Run by tests/run.sh with SPARROW = the
@@ -56,6 +57,14 @@ t_usage "synth: bad type" synth --shape tiny --type q3_k -o "$tmp/x.gguf"
 t_has "synth: bad type" "$tmp/err" "unknown type 'q3_k'"
 t_usage "synth: bad seed" synth --shape tiny --type q4_0 -o "$tmp/x.gguf" --seed -1
 t_usage "synth: stray argument" synth --shape tiny --type q4_0 -o "$tmp/x.gguf" extra
+t_usage "synth: type and policy" synth --shape tiny --type q4_0 --policy q4 -o "$tmp/x.gguf"
+t_has "synth: type and policy" "$tmp/err" "exclude each other"
+t_usage "synth: bad policy" synth --shape tiny --policy mem5 -o "$tmp/x.gguf"
+t_has "synth: bad policy" "$tmp/err" "unknown policy 'mem5'"
+printf '* i4_b64\n*_exps.weight i4_b65\n' >"$tmp/bad-policy.txt"
+sp synth --shape tiny-moe --policy-file "$tmp/bad-policy.txt" -o "$tmp/x.gguf"
+t_rc "synth: malformed policy file" 1
+t_has "synth: malformed policy file" "$tmp/err" "bad-policy.txt' line 2: unknown type 'i4_b65'"
 t_nofile "synth: usage errors" "$tmp/x.gguf"
 t_usage "bench: no model" bench -p 8
 t_usage "bench: -p 0" bench -m x.gguf -p 0
@@ -67,7 +76,7 @@ t_usage "run: -b -1" run -m x.gguf -b -1
 sp synth --list
 t_rc "synth --list" 0
 t_has "synth --list" "$tmp/out" "tiny" "llama-7b" "llama3-8b" "llama-34b" "qwen3-30b-a3b" "f16" "bf16" "q8_0" \
-    "q4_0" "q4_k_m" "GiB"
+    "q4_0" "q4_k_m" "GiB" "moe3"
 
 # ---- every type writes a file that runs --------------------------------------------
 for t in f16 bf16 q8_0 q4_0 q4_k_m; do
@@ -96,6 +105,32 @@ sp bench -m "$f" -p 16 -n 4 -r 1 -t 2 --json
 t_rc "bench tiny-moe" 0
 if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["decode_tps"] > 0 and d["prefill_tps"] > 0 and 0 < d["model_bytes_per_token"] < d["model_file_size"]' "$tmp/out" 2>"$tmp/py"; then
     ok "bench tiny-moe: figures"; else bad "bench tiny-moe" "$(cat "$tmp/py")" "$(head -c 300 "$tmp/out")"; fi
+
+# ---- policies: native types, the file runs and inspect shows them ----------------------
+f="$tmp/tiny-moe-moe3.gguf"
+sp synth --shape tiny-moe --policy moe3 -o "$f" --seed 5 -t 2
+t_rc "synth tiny-moe moe3" 0
+t_has "synth tiny-moe moe3" "$tmp/err" "synth tiny-moe moe3 seed 5" "wrote $f"
+sp run -m "$f" -p "hi" -n 8 --temp 0 -t 2 -b 4
+t_rc "run tiny-moe moe3" 0
+if [ -s "$tmp/out" ]; then ok "run tiny-moe moe3: output"; else bad "run tiny-moe moe3: no output" "$(show_err)"; fi
+sp inspect "$f"
+t_rc "inspect tiny-moe moe3" 0
+t_has "inspect tiny-moe moe3" "$tmp/out" "sparrow-synth tiny-moe moe3" "i3_b64" "i6_b64_l8" "i4n_b32_l8" \
+    "native-types-2" "sparrow.quant.policy"
+if grep -E 'ffn_up_exps' "$tmp/out" | grep -q 'i3_b64'; then ok "inspect tiny-moe moe3: experts i3_b64"; else
+    bad "inspect tiny-moe moe3: experts" "$(grep exps "$tmp/out" | head -3)"; fi
+sp synth --shape tiny-moe --policy moe3 -o "$tmp/again-moe3.gguf" --seed 5 -t 1 -q
+if cmp -s "$tmp/again-moe3.gguf" "$f"; then ok "synth moe3: same seed, same bytes"; else
+    bad "synth moe3: same seed and policy gave different files"; fi
+printf '# all 8-bit\n* i8_b32\n' >"$tmp/p8.txt"
+sp synth --shape tiny --policy-file "$tmp/p8.txt" -o "$tmp/tiny-p8.gguf" -t 2 -q
+t_rc "synth tiny --policy-file" 0
+sp run -m "$tmp/tiny-p8.gguf" -p "hi" -n 4 --temp 0 -t 1
+t_rc "run tiny --policy-file" 0
+sp inspect "$tmp/tiny-p8.gguf"
+t_has "inspect tiny --policy-file" "$tmp/out" "i8_b32" "native-types-1"
+rm -f "$tmp/again-moe3.gguf" "$tmp/tiny-p8.gguf"
 
 sp inspect "$tmp/tiny-q4_k_m.gguf"
 t_has "inspect tiny q4_k_m" "$tmp/out" "sparrow-synth tiny q4_k_m" "Q6_K" "Q4_K" "sparrow.synth.seed"

@@ -11,17 +11,23 @@
  *
  * Every row of every tensor comes from its own stream (seed, tensor index,
  * row), so the bytes depend on shape, type and seed only -- not on the number
- * of threads.  Rows are generated and quantized in slabs of a few MiB that the
- * threads fill in parallel and the calling thread appends to the GGUF writer
- * (format/gguf.h; temporary file + rename, so a failed or cancelled run leaves
- * nothing behind).  docs/BENCHMARKS.md describes the shapes and their use.
+ * of threads.  Instead of a file type, a quantize policy (src/quantize/policy.c,
+ * by name or from a file) can choose each matrix's type: then Sparrow's native
+ * types are written directly, each row quantized by sp_quantize_rows as
+ * `sparrow quantize` does without calibration, so mixed-precision models of
+ * full size need no F16 intermediate.  Rows are generated and quantized in
+ * slabs of a few MiB that the threads fill in parallel and the calling thread
+ * appends to the GGUF writer (format/gguf.h; temporary file + rename, so a
+ * failed or cancelled run leaves nothing behind).  docs/BENCHMARKS.md describes the shapes and their use.
  */
 #include "sparrow.h"
 
 #include "core/core.h"
 #include "format/gguf.h"
+#include "quant/native.h"
 #include "quant/quant.h"
 #include "quant/types.h"
+#include "quantize/quantize.h" /* policies: synth is a tool, like quantize (DESIGN.md) */
 #include "sched/pool.h"
 
 #include <math.h>
@@ -84,6 +90,26 @@ static uint32_t weight_type(enum ftype ft, char kind, uint32_t il, uint32_t n_la
     }
 }
 
+/* What chooses the types: a file type, or a policy (then ft is unused). */
+struct tsel {
+    enum ftype ft;
+    const struct sp_qpolicy *pol;
+};
+
+/* A matrix's type under a policy: its first matching rule, with quantize's
+ * fallback for a ggml type whose block does not divide the row (F16).  No
+ * rule matching is an error, as in sp_quantize. */
+static sp_status policy_type(const struct sp_qpolicy *pol, const char *name, int64_t ne0, uint32_t *type) {
+    const struct sp_qrule *r = sp_qpolicy_match(pol, name);
+    if (!r) {
+        return sp_err(SP_E_INVALID, "sp_synth: '%s': no rule matches tensor '%s' (end the policy with a catch-all "
+                      "'* TYPE')", pol->origin, name);
+    }
+    *type = r->type;
+    if (!sp_qtype_is_native(r->type) && ne0 % sp_qtraits_get(r->type)->block_elems != 0) *type = SP_QTYPE_F16;
+    return SP_OK;
+}
+
 /* ---- the tensor plan: what the file holds, in file order ------------------ */
 
 /* Keeping tokens apart in a random network.  Random attention averages the
@@ -113,6 +139,7 @@ struct plan {
     uint64_t n_params;
     uint64_t bytes; /* tensor data, unpadded */
     int64_t max_row;
+    bool native, native_l8, ggml_quant; /* what the metadata must declare (as quantize.c) */
 };
 
 static sp_status plan_add(struct plan *p, const char *name, uint32_t type, enum init init, int64_t ne0, int64_t ne1,
@@ -135,12 +162,15 @@ static sp_status plan_add(struct plan *p, const char *name, uint32_t type, enum 
     p->n_params += (uint64_t)(ne0 * ne1 * ne2);
     p->bytes += sp_qtype_row_bytes(type, ne0) * (uint64_t)(ne1 * ne2);
     if (ne0 > p->max_row) p->max_row = ne0;
+    p->native |= sp_qtype_is_native(type);
+    p->native_l8 |= sp_native_layout(type) && sp_native_layout(type)->l8;
+    p->ggml_quant |= !sp_qtype_is_native(type) && type != SP_QTYPE_F32 && type != SP_QTYPE_F16 && type != SP_QTYPE_BF16;
     return SP_OK;
 }
 
 /* token_embd, then each layer in data-flow order, then output_norm, output:
  * the order the forward pass reads them. */
-static sp_status plan_build(const struct shape *s, enum ftype ft, struct plan *p) {
+static sp_status plan_build(const struct shape *s, const struct tsel *sel, struct plan *p) {
     const int64_t E = s->n_embd, V = s->n_vocab, F = s->n_ff, L = s->n_layers;
     const int64_t QD = (int64_t)s->n_heads * s->head_dim, KD = (int64_t)s->n_kv_heads * s->head_dim;
     const bool moe = s->n_experts > 0;
@@ -149,18 +179,24 @@ static sp_status plan_build(const struct shape *s, enum ftype ft, struct plan *p
     memset(p, 0, sizeof(*p));
 #define ADD(init, type, ne0, ne1, ne2)                                                                             \
     do {                                                                                                           \
-        if ((rc = plan_add(p, nm, type, init, ne0, ne1, ne2))) return rc;                                          \
+        if ((rc = plan_add(p, nm, type, init, ne0, ne1, ne2))) goto fail;                                          \
     } while (0)
-#define W(kind, il) weight_type(ft, kind, il, s->n_layers)
+    /* a matrix: named by nm, typed by the policy or the file type */
+#define ADDW(init, kind, il, ne0, ne1, ne2)                                                                        \
+    do {                                                                                                           \
+        uint32_t ty_ = weight_type(sel->ft, kind, il, s->n_layers);                                                \
+        if (sel->pol && (rc = policy_type(sel->pol, nm, ne0, &ty_))) goto fail;                                    \
+        ADD(init, ty_, ne0, ne1, ne2);                                                                             \
+    } while (0)
     snprintf(nm, sizeof nm, "token_embd.weight");
-    ADD(INIT_EMBED, W('e', 0), E, V, 1);
+    ADDW(INIT_EMBED, 'e', 0, E, V, 1);
     for (uint32_t il = 0; il < L; il++) {
 #define NM(x) snprintf(nm, sizeof nm, "blk.%u." x, il)
         NM("attn_norm.weight"); ADD(INIT_NORM, SP_QTYPE_F32, E, 1, 1);
-        NM("attn_q.weight"); ADD(INIT_WEIGHT, W('w', il), E, QD, 1);
-        NM("attn_k.weight"); ADD(INIT_WEIGHT, W('w', il), E, KD, 1);
-        NM("attn_v.weight"); ADD(INIT_WEIGHT, W('v', il), E, KD, 1);
-        NM("attn_output.weight"); ADD(INIT_RESID, W('w', il), QD, E, 1);
+        NM("attn_q.weight"); ADDW(INIT_WEIGHT, 'w', il, E, QD, 1);
+        NM("attn_k.weight"); ADDW(INIT_WEIGHT, 'w', il, E, KD, 1);
+        NM("attn_v.weight"); ADDW(INIT_WEIGHT, 'v', il, E, KD, 1);
+        NM("attn_output.weight"); ADDW(INIT_RESID, 'w', il, QD, E, 1);
         if (moe) { /* qwen3moe: per-head q/k norms */
             NM("attn_q_norm.weight"); ADD(INIT_NORM, SP_QTYPE_F32, s->head_dim, 1, 1);
             NM("attn_k_norm.weight"); ADD(INIT_NORM, SP_QTYPE_F32, s->head_dim, 1, 1);
@@ -168,24 +204,30 @@ static sp_status plan_build(const struct shape *s, enum ftype ft, struct plan *p
         NM("ffn_norm.weight"); ADD(INIT_NORM, SP_QTYPE_F32, E, 1, 1);
         if (moe) {
             const int64_t X = s->n_experts, FE = s->n_ff_exp;
-            NM("ffn_gate_inp.weight"); ADD(INIT_WEIGHT, SP_QTYPE_F32, E, X, 1); /* router, never quantized */
-            NM("ffn_gate_exps.weight"); ADD(INIT_WEIGHT, W('w', il), E, FE, X);
-            NM("ffn_up_exps.weight"); ADD(INIT_WEIGHT, W('w', il), E, FE, X);
-            NM("ffn_down_exps.weight"); ADD(INIT_RESID, W('d', il), FE, E, X);
+            NM("ffn_gate_inp.weight"); /* the router: F32 for file types, the policy's rule otherwise */
+            if (sel->pol) ADDW(INIT_WEIGHT, 'w', il, E, X, 1);
+            else ADD(INIT_WEIGHT, SP_QTYPE_F32, E, X, 1);
+            NM("ffn_gate_exps.weight"); ADDW(INIT_WEIGHT, 'w', il, E, FE, X);
+            NM("ffn_up_exps.weight"); ADDW(INIT_WEIGHT, 'w', il, E, FE, X);
+            NM("ffn_down_exps.weight"); ADDW(INIT_RESID, 'd', il, FE, E, X);
         } else {
-            NM("ffn_gate.weight"); ADD(INIT_WEIGHT, W('w', il), E, F, 1);
-            NM("ffn_up.weight"); ADD(INIT_WEIGHT, W('w', il), E, F, 1);
-            NM("ffn_down.weight"); ADD(INIT_RESID, W('d', il), F, E, 1);
+            NM("ffn_gate.weight"); ADDW(INIT_WEIGHT, 'w', il, E, F, 1);
+            NM("ffn_up.weight"); ADDW(INIT_WEIGHT, 'w', il, E, F, 1);
+            NM("ffn_down.weight"); ADDW(INIT_RESID, 'd', il, F, E, 1);
         }
 #undef NM
     }
     snprintf(nm, sizeof nm, "output_norm.weight");
     ADD(INIT_NORM, SP_QTYPE_F32, E, 1, 1);
     snprintf(nm, sizeof nm, "output.weight");
-    ADD(INIT_WEIGHT, W('o', 0), E, V, 1);
-#undef W
+    ADDW(INIT_WEIGHT, 'o', 0, E, V, 1);
+#undef ADDW
 #undef ADD
     return SP_OK;
+fail:
+    sp_free(p->t);
+    memset(p, 0, sizeof(*p));
+    return rc;
 }
 
 static const struct shape *find_shape(const char *name) {
@@ -326,10 +368,13 @@ static void synth_q6_k(const float *restrict src, void *restrict dst, int64_t n)
 }
 
 /* The encoder synth uses for type t: the one-pass K-quant encoders above,
- * else the dispatch table's from_float. */
+ * NULL for native types (sp_quantize_rows, the quantizer's own path: its
+ * scale search, which from_float does not do), else the dispatch table's
+ * from_float. */
 static sp_from_float_fn synth_quantizer(uint32_t t) {
     if (t == SP_QTYPE_Q4_K) return synth_q4_k;
     if (t == SP_QTYPE_Q6_K) return synth_q6_k;
+    if (sp_qtype_is_native(t)) return NULL;
     return sp_qtraits_get(t)->from_float;
 }
 
@@ -351,7 +396,14 @@ static void slab_task(void *arg, int ith, int nth) {
     float *x = sl->fbuf[ith];
     for (int64_t r = a; r < b; r++) {
         gen_row(sl->seed, sl->ti, (uint64_t)(sl->row0 + r), sl->t->init, sl->n_layers, x, sl->t->ne[0]);
-        sl->from_float(x, sl->out + (size_t)r * sl->row_bytes, sl->t->ne[0]);
+        uint8_t *dst = sl->out + (size_t)r * sl->row_bytes;
+        if (sl->from_float) {
+            sl->from_float(x, dst, sl->t->ne[0]);
+        } else { /* native: cannot fail (a native type, one row of its plan's width) */
+            const sp_status rc = sp_quantize_rows(sl->t->type, x, 1, sl->t->ne[0], NULL, dst);
+            SP_ASSERT(rc == SP_OK);
+            (void)rc;
+        }
     }
 }
 
@@ -411,21 +463,30 @@ done:
     return rc;
 }
 
-static sp_status set_meta(struct sp_gguf_writer *w, const struct shape *s, enum ftype ft, uint64_t seed) {
+static sp_status set_meta(struct sp_gguf_writer *w, const struct shape *s, const struct tsel *sel,
+                         const struct plan *p, uint64_t seed) {
     char key[96], name[96];
     sp_status rc;
+    const enum ftype ft = sel->ft;
 #define K(suffix) (snprintf(key, sizeof key, "%s." suffix, s->arch), key)
 #define TRY(x)                                                                                                     \
     do {                                                                                                           \
         if ((rc = (x))) return rc;                                                                                 \
     } while (0)
-    snprintf(name, sizeof name, "sparrow-synth %s %s", s->name, ftype_names[ft]);
+    snprintf(name, sizeof name, "sparrow-synth %s %s", s->name, sel->pol ? sel->pol->name : ftype_names[ft]);
     TRY(sp_gguf_writer_set_str(w, "general.architecture", s->arch));
     TRY(sp_gguf_writer_set_str(w, "general.name", name));
-    TRY(sp_gguf_writer_set_u32(w, "general.file_type", ftype_ids[ft]));
-    if (ft != FT_F16 && ft != FT_BF16) TRY(sp_gguf_writer_set_u32(w, "general.quantization_version", 2));
+    if (sel->pol) { /* the keys sp_quantize writes (docs/QUANT.md, "The output file") */
+        if (p->native) TRY(sp_gguf_writer_set_str(w, "sparrow.requires", p->native_l8 ? "native-types-2" : "native-types-1"));
+        if (p->ggml_quant) TRY(sp_gguf_writer_set_u32(w, "general.quantization_version", 2));
+        TRY(sp_gguf_writer_set_str(w, "sparrow.quant.policy", sel->pol->name));
+        TRY(sp_gguf_writer_set_f32(w, "sparrow.quant.bpw", (float)((double)p->bytes * 8.0 / (double)p->n_params)));
+    } else {
+        TRY(sp_gguf_writer_set_u32(w, "general.file_type", ftype_ids[ft]));
+        if (ft != FT_F16 && ft != FT_BF16) TRY(sp_gguf_writer_set_u32(w, "general.quantization_version", 2));
+    }
     TRY(sp_gguf_writer_set_str(w, "sparrow.synth.shape", s->name));
-    TRY(sp_gguf_writer_set_str(w, "sparrow.synth.type", ftype_names[ft]));
+    if (!sel->pol) TRY(sp_gguf_writer_set_str(w, "sparrow.synth.type", ftype_names[ft]));
     struct sp_meta_value sv = {.type = SP_META_U64, .v.u64 = seed};
     TRY(sp_gguf_writer_set(w, "sparrow.synth.seed", &sv));
 
@@ -464,8 +525,8 @@ static sp_status set_meta(struct sp_gguf_writer *w, const struct shape *s, enum 
 /* Defaults: no shape, type or path (the caller must set them), seed 0, one
  * thread, no progress callback. */
 struct sp_synth_params sp_synth_default_params(void) {
-    return (struct sp_synth_params){.shape = NULL, .type = NULL, .path = NULL, .seed = 0, .n_threads = 0,
-                                    .progress = NULL, .progress_user = NULL};
+    return (struct sp_synth_params){.shape = NULL, .type = NULL, .policy = NULL, .policy_file = NULL, .path = NULL,
+                                    .seed = 0, .n_threads = 0, .progress = NULL, .progress_user = NULL};
 }
 
 /* Number of shapes; indices 0..n-1 are valid for sp_synth_get_shape. */
@@ -499,41 +560,78 @@ const char *sp_synth_type_name(int32_t i) {
     return i >= 0 && i < FT_COUNT ? ftype_names[i] : NULL;
 }
 
-/* Parameter count and tensor-data bytes of shape/type, without writing
- * anything.  SP_E_INVALID for unknown names (the message lists the valid
- * ones), SP_E_NOMEM. */
-sp_status sp_synth_size(const char *shape, const char *type, uint64_t *n_params, uint64_t *tensor_bytes) {
-    const struct shape *s = find_shape(shape);
-    const int ft = find_ftype(type);
-    if (!s) return sp_err(SP_E_INVALID, "sp_synth: unknown shape '%s' (see 'sparrow synth --list')", shape ? shape : "");
-    if (ft < 0) {
-        return sp_err(SP_E_INVALID, "sp_synth: unknown type '%s' (f16, bf16, q8_0, q4_0, q4_k_m)", type ? type : "");
+/* The shape and the type selection of P: exactly one of type, policy and
+ * policy_file.  *owned is the parsed policy (the caller frees it). */
+static sp_status resolve(const struct sp_synth_params *P, const struct shape **sh, struct tsel *sel,
+                         struct sp_qpolicy **owned) {
+    *owned = NULL;
+    memset(sel, 0, sizeof(*sel));
+    if (!(*sh = find_shape(P->shape))) {
+        return sp_err(SP_E_INVALID, "sp_synth: unknown shape '%s' (see 'sparrow synth --list')", P->shape ? P->shape : "");
     }
-    struct plan p;
-    sp_status rc = plan_build(s, (enum ftype)ft, &p);
+    const int given = (P->type != NULL) + (P->policy != NULL) + (P->policy_file != NULL);
+    if (given != 1) {
+        return sp_err(SP_E_INVALID, "sp_synth: give exactly one of a file type, a policy name and a policy file (%d "
+                      "given)", given);
+    }
+    if (P->type) {
+        const int ft = find_ftype(P->type);
+        if (ft < 0) return sp_err(SP_E_INVALID, "sp_synth: unknown type '%s' (f16, bf16, q8_0, q4_0, q4_k_m)", P->type);
+        sel->ft = (enum ftype)ft;
+        return SP_OK;
+    }
+    sp_status rc = P->policy ? sp_qpolicy_named(P->policy, owned) : sp_qpolicy_load(P->policy_file, owned);
+    if (!rc) sel->pol = *owned;
+    return rc;
+}
+
+/* Parameter count and tensor-data bytes of P's shape and types, without
+ * writing anything. */
+sp_status sp_synth_params_size(const struct sp_synth_params *P, uint64_t *n_params, uint64_t *tensor_bytes) {
+    if (!P) return sp_err(SP_E_INVALID, "%s: no parameters", __func__);
+    const struct shape *s;
+    struct tsel sel;
+    struct sp_qpolicy *pol = NULL;
+    struct plan p = {0};
+    sp_status rc = resolve(P, &s, &sel, &pol);
+    if (!rc) rc = plan_build(s, &sel, &p);
     if (!rc) {
         if (n_params) *n_params = p.n_params;
         if (tensor_bytes) *tensor_bytes = p.bytes;
     }
     sp_free(p.t);
+    sp_qpolicy_free(pol);
     return rc;
+}
+
+/* Parameter count and tensor-data bytes of shape/type.  SP_E_INVALID for
+ * unknown names (the message lists the valid ones), SP_E_NOMEM. */
+sp_status sp_synth_size(const char *shape, const char *type, uint64_t *n_params, uint64_t *tensor_bytes) {
+    struct sp_synth_params P = sp_synth_default_params();
+    P.shape = shape;
+    P.type = type ? type : "";
+    return sp_synth_params_size(&P, n_params, tensor_bytes);
 }
 
 /* Write the synthetic model params->shape / params->type to params->path.
  * The file appears only when complete (temporary file + rename); on failure
  * or cancellation nothing is left and an existing file at path is untouched.
  * Progress reports tensor-data bytes written after each slab.  Returns SP_OK,
- * SP_E_INVALID (unknown shape or type, no path), SP_E_IO (message names the
- * file), SP_E_NOMEM, or SP_E_STATE when the progress callback cancelled. */
+ * SP_E_INVALID (unknown shape, type or policy, not exactly one of them, a
+ * matrix no policy rule matches, no path), SP_E_IO (message names the file),
+ * SP_E_FORMAT (a malformed policy file), SP_E_NOMEM, or SP_E_STATE when the
+ * progress callback cancelled. */
 sp_status sp_synth(const struct sp_synth_params *params) {
     if (!params || !params->path || !*params->path) return sp_err(SP_E_INVALID, "%s: no output path", __func__);
     const struct sp_synth_params *P = params;
     if (P->n_threads < 0 || P->n_threads > 1024) {
         return sp_err(SP_E_INVALID, "%s: n_threads %d out of range [0, 1024]", __func__, (int)P->n_threads);
     }
-    const struct shape *s = find_shape(P->shape);
-    const int ft = find_ftype(P->type);
-    if (!s || ft < 0) return sp_synth_size(P->shape, P->type, NULL, NULL); /* the same message */
+    const struct shape *s;
+    struct tsel sel;
+    struct sp_qpolicy *pol = NULL;
+    sp_status rc = resolve(P, &s, &sel, &pol);
+    if (rc) return rc;
     sp_init();
 
     const int nth = P->n_threads ? P->n_threads : 1;
@@ -545,9 +643,8 @@ sp_status sp_synth(const struct sp_synth_params *params) {
     const size_t slab_target = (size_t)8 << 20;
     size_t out_cap = 0;
     uint64_t written = 0;
-    sp_status rc;
 
-    if ((rc = plan_build(s, (enum ftype)ft, &p))) goto done;
+    if ((rc = plan_build(s, &sel, &p))) goto done;
     for (uint32_t i = 0; i < p.n; i++) {
         const size_t rb = sp_qtype_row_bytes(p.t[i].type, p.t[i].ne[0]);
         SP_ASSERT(rb > 0); /* shapes are multiples of every block size */
@@ -561,7 +658,7 @@ sp_status sp_synth(const struct sp_synth_params *params) {
     }
     if ((rc = sp_pool_init(nth, &pool))) goto done;
     if ((rc = sp_gguf_writer_open(P->path, 0, &w))) goto done;
-    if ((rc = set_meta(w, s, (enum ftype)ft, P->seed))) goto done;
+    if ((rc = set_meta(w, s, &sel, &p, P->seed))) goto done;
     for (uint32_t i = 0; i < p.n; i++) {
         if ((rc = sp_gguf_writer_add_tensor(w, p.t[i].name, p.t[i].type, p.t[i].n_dims, p.t[i].ne))) goto done;
     }
@@ -599,5 +696,6 @@ done:
     sp_free(fbuf);
     sp_free(out);
     sp_free(p.t);
+    sp_qpolicy_free(pol);
     return rc;
 }

@@ -90,6 +90,14 @@ static const struct named_policy named[] = {
      "*.attn_k.weight      i6_b64_l8   # the most sensitive per weight, and small with GQA\n"
      "*.attn_v.weight      i6_b64_l8   # the next most sensitive\n"
      "*                    i4n_b32_l8  # non-uniform levels, one-byte scales\n"},
+    {"moe3", "MoE: routed experts 3-bit, attention, router, embeddings and output as q4",
+     "# moe3: routed experts at 3 bits, what every token reads as q4 (docs/QUANT.md)\n"
+     "*ffn_gate_inp*       F32         # routers, a shared expert's gate too: never quantized\n"
+     "*_exps.weight        i3_b64      # routed experts: most of the bytes, each read by few tokens\n"
+     "token_embd.weight    i4n_b64_l8\n"
+     "*.attn_k.weight      i6_b64_l8\n"
+     "*.attn_v.weight      i6_b64_l8\n"
+     "*                    i4n_b32_l8  # attention Q and output, shared experts, output head\n"},
     {"q8", "~8.5 bpw: INT8 everywhere",
      "# q8: 8-bit weights everywhere\n"
      "*ffn_gate_inp*       F32\n"

@@ -20,7 +20,7 @@
 /* ---- synth ------------------------------------------------------------------------ */
 
 void help_synth(FILE *f) {
-    fprintf(f, "usage: sparrow synth --shape NAME --type TYPE -o FILE [OPTIONS]\n"
+    fprintf(f, "usage: sparrow synth --shape NAME (--type TYPE | --policy NAME | --policy-file F) -o FILE [OPTIONS]\n"
                "       sparrow synth --list\n"
                "\n"
                "Write a GGUF model with seeded random weights in the exact shapes of a real\n"
@@ -34,13 +34,18 @@ void help_synth(FILE *f) {
                "      --shape NAME        model shape (see --list), e.g. llama-7b; required\n"
                "      --type TYPE         f16, bf16, q8_0, q4_0 or q4_k_m (Q4_K, with Q6_K for\n"
                "                          the output and, as llama.cpp's Q4_K_M, attn_v and\n"
-               "                          ffn_down in half the layers); required\n"
+               "                          ffn_down in half the layers); or instead:\n"
+               "      --policy NAME       a quantize policy (sparrow quantize --help: q4, moe3, ...):\n"
+               "                          Sparrow's native types written directly, each tensor\n"
+               "                          quantized as 'sparrow quantize' does (no calibration)\n"
+               "      --policy-file F     a policy file (docs/QUANT.md)\n"
                "  -o, --output FILE       the file to write; required\n"
-               "      --seed S            seed, 0..2^64-1; the same shape, type and seed give\n"
+               "      --seed S            seed, 0..2^64-1; the same shape, type (or policy) and seed give\n"
                "                          the same bytes (default: 0)\n"
                "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here);\n"
                "                          the output does not depend on it\n"
-               "      --list              list the shapes and types with their sizes, then exit\n"
+               "      --list              list the shapes with their sizes for each type and for\n"
+               "                          the policies q4 and moe3, then exit\n"
                "  -q, --quiet             no progress on stderr\n"
                "  -v, --verbose           print the library's log messages on stderr\n"
                "  -h, --help              print this help and exit\n"
@@ -50,12 +55,16 @@ void help_synth(FILE *f) {
             MAX_THREADS, default_threads());
 }
 
+/* Policies --list shows a column for, beside the file types. */
+static const char *const list_policies[] = {"q4", "moe3"};
+
 static int synth_list(void) {
     char b[64];
     const int32_t nt = sp_synth_n_types();
     printf("%-14s %-9s %6s %6s %7s %6s %7s %8s %7s %-9s", "shape", "arch", "layers", "embd", "heads", "ffn",
            "vocab", "ctx", "experts", "params");
     for (int32_t k = 0; k < nt; k++) printf(" %10s", sp_synth_type_name(k));
+    for (size_t k = 0; k < sizeof list_policies / sizeof *list_policies; k++) printf(" %10s", list_policies[k]);
     putchar('\n');
     for (int32_t i = 0; i < sp_synth_n_shapes(); i++) {
         struct sp_synth_shape_info si;
@@ -76,6 +85,14 @@ static int synth_list(void) {
         for (int32_t k = 0; k < nt; k++) {
             uint64_t bytes = 0;
             (void)sp_synth_size(si.name, sp_synth_type_name(k), NULL, &bytes);
+            printf(" %10s", human_bytes(bytes, b, sizeof b));
+        }
+        for (size_t k = 0; k < sizeof list_policies / sizeof *list_policies; k++) {
+            struct sp_synth_params q = sp_synth_default_params();
+            uint64_t bytes = 0;
+            q.shape = si.name;
+            q.policy = list_policies[k];
+            (void)sp_synth_params_size(&q, NULL, &bytes);
             printf(" %10s", human_bytes(bytes, b, sizeof b));
         }
         printf("\n%-14s %s\n", "", si.about);
@@ -122,6 +139,10 @@ int cmd_synth(int argc, char **argv) {
             p.shape = opt_value(&a);
         } else if (opt_is(&a, NULL, "--type")) {
             p.type = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--policy")) {
+            p.policy = opt_value(&a);
+        } else if (opt_is(&a, NULL, "--policy-file")) {
+            p.policy_file = opt_value(&a);
         } else if (opt_is(&a, "-o", "--output")) {
             p.path = opt_value(&a);
         } else if (opt_is(&a, NULL, "--seed")) {
@@ -140,18 +161,35 @@ int cmd_synth(int argc, char **argv) {
     }
     if (list) return synth_list();
     if (!p.shape) usage_error(a.cmd, "--shape NAME is required (see 'sparrow synth --list')");
-    if (!p.type) usage_error(a.cmd, "--type TYPE is required (f16, bf16, q8_0, q4_0, q4_k_m)");
+    const int n_sel = (p.type != NULL) + (p.policy != NULL) + (p.policy_file != NULL);
+    if (n_sel == 0) {
+        usage_error(a.cmd, "--type TYPE (f16, bf16, q8_0, q4_0, q4_k_m), --policy NAME or --policy-file F is required");
+    }
+    if (n_sel > 1) usage_error(a.cmd, "--type, --policy and --policy-file exclude each other");
     if (!p.path || !*p.path) usage_error(a.cmd, "-o FILE is required");
-    uint64_t n_params = 0, bytes = 0;
-    if (sp_synth_size(p.shape, p.type, &n_params, &bytes) != SP_OK) {
-        bool shape_ok = false;
-        for (int32_t i = 0; i < sp_synth_n_shapes(); i++) {
-            struct sp_synth_shape_info si;
-            if (sp_synth_get_shape(i, &si) == SP_OK && strcmp(si.name, p.shape) == 0) shape_ok = true;
+    bool shape_ok = false;
+    for (int32_t i = 0; p.shape && i < sp_synth_n_shapes(); i++) {
+        struct sp_synth_shape_info si;
+        if (sp_synth_get_shape(i, &si) == SP_OK && strcmp(si.name, p.shape) == 0) shape_ok = true;
+    }
+    if (!shape_ok) usage_error(a.cmd, "--shape: unknown shape '%s' (see 'sparrow synth --list')", p.shape);
+    if (p.policy) {
+        bool known = false;
+        for (int32_t i = 0; i < sp_quantize_n_policies(); i++) {
+            const char *name = NULL;
+            if (sp_quantize_policy_info(i, &name, NULL) == SP_OK && strcmp(name, p.policy) == 0) known = true;
         }
-        if (!shape_ok) usage_error(a.cmd, "--shape: unknown shape '%s' (see 'sparrow synth --list')", p.shape);
+        if (!known) usage_error(a.cmd, "--policy: unknown policy '%s' (see 'sparrow quantize --help')", p.policy);
+    }
+    uint64_t n_params = 0, bytes = 0;
+    if (p.type && sp_synth_size(p.shape, p.type, &n_params, &bytes) != SP_OK) {
         usage_error(a.cmd, "--type: unknown type '%s' (f16, bf16, q8_0, q4_0, q4_k_m)", p.type);
     }
+    if (!p.type) {
+        const sp_status st = sp_synth_params_size(&p, &n_params, &bytes);
+        if (st != SP_OK) return lib_error("reading the policy", st); /* a policy file: unreadable or malformed */
+    }
+    const char *what = p.type ? p.type : p.policy ? p.policy : p.policy_file;
 
     sp_log_set(cli_log, &log_verbose);
     struct sigaction sa;
@@ -166,7 +204,7 @@ int cmd_synth(int argc, char **argv) {
     char b1[64], b2[64];
     if (!quiet) {
         fprintf(stderr, "sparrow: synth %s %s seed %" PRIu64 ": %s parameters, %s of tensor data -> %s\n", p.shape,
-                p.type, p.seed, human_count(n_params, b1, sizeof b1), human_bytes(bytes, b2, sizeof b2), p.path);
+                what, p.seed, human_count(n_params, b1, sizeof b1), human_bytes(bytes, b2, sizeof b2), p.path);
     }
     p.progress = synth_progress_cb;
     p.progress_user = &pr;
