@@ -336,8 +336,10 @@ done
 curl -s --max-time 60 -o "$tmp/exitsave" -w '%{http_code}' "$serve_url/slots/$((busy < 0 ? 0 : busy))?action=save" -H "$k1" \
     -d '{"filename": "at-exit.session"}' >"$tmp/exitsave_code" &
 save_pid=$!
-i=0 # until the save waits for its slot (or the request is over already)
-while [ $i -lt 100 ]; do
+i=0 # until the save waits for its slot (or the request is over already); on a loaded
+# machine the background curl can take seconds to connect: SIGTERM before the server
+# has its request would test nothing (and answer nothing), so wait up to ~60 s
+while [ $i -lt 3000 ]; do
     w=$(curl -s --max-time 5 "$serve_url/metrics" -H "$k1" | awk '$1 == "sparrow:slot_actions_waiting" { print $2 }')
     [ "$w" = 1 ] && break
     [ -s "$tmp/exitsave_code" ] && break
