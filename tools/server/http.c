@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #define MIN_SZ(a, b) ((a) < (b) ? (a) : (b))
@@ -914,6 +915,12 @@ static bool auth_ok(const struct srv_config *cf, const char *auth) {
     return ok;
 }
 
+/* Requests begun and not completed yet: on SIGTERM the server waits (a
+ * while) for them to send their last bytes before it stops the daemon,
+ * which would cut their connections -- a slot save that ran at shutdown
+ * must reach its client. */
+static _Atomic long n_live;
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
@@ -925,6 +932,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         cn->sv = sv;
         *con_cls = cn;
+        n_live++;
         bool method_ok;
         cn->rt = route_of(url, method, &method_ok);
         if (cn->rt == R_NONE) return send_error(c, 404, "not_found_error", "no route %s %s", method, url);
@@ -1011,6 +1019,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     free(cn->body.p);
     free(cn);
     *con_cls = NULL;
+    n_live--;
 #ifdef __GLIBC__
     /* Every TRIM_EVERY requests, hand the heap's free pages back to the OS:
      * what concurrent connections needed at their peak stays mapped but
@@ -1073,7 +1082,10 @@ int srv_http_run(struct srv *sv) {
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "sparrow serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    srv_stop(sv);        /* in-flight requests end with an error event */
+    srv_stop(sv);        /* in-flight requests end with an error event, slot actions asked for run */
+    /* let their answers go out (at most 5 s: a client that stops reading
+     * must not hold the stop) before the daemon cuts the connections */
+    for (int i = 0; i < 500 && n_live > 0; i++) nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
     MHD_stop_daemon(d);  /* waits for the connection threads */
     return EXIT_OK;
 }
