@@ -100,7 +100,7 @@ test: all
 	BUILD=$(BUILD) sh tests/run.sh
 
 asan:
-	$(MAKE) BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all" \
+	SPARROW_SANITIZED=1 $(MAKE) BUILD=build-asan OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all" \
 	    LDFLAGS="-fsanitize=address,undefined" test
 
 # Fuzz targets: the library rebuilt with clang and sanitizers in build-fuzz/,
