@@ -5,12 +5,15 @@
  * And the products split on it (sp_matmul, sp_matmul_multi: each thread a
  * range of row chunks, the backs of the ranges shared): every row computed
  * once, bit for bit as on one thread, for any thread count.
+ * Indexes are claimed, not assigned: a run whose workers are still asleep is
+ * done by the caller (any index, each once) instead of waiting for them.
  */
 #include "model/ops.h"
 #include "quant/quant.h"
 #include "sched/pool.h"
 #include "test_util.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -89,8 +92,48 @@ static void check_split(void) {
     free(xf);
 }
 
+struct who {
+    atomic_int hits[8];
+    pthread_t by[8];
+};
+
+static void who_task(void *arg, int ith, int nth) {
+    struct who *w = arg;
+    (void)nth;
+    atomic_fetch_add(&w->hits[ith], 1);
+    w->by[ith] = pthread_self();
+}
+
+/* Runs right after the workers fell asleep: the caller claims what the
+ * workers have not woken for yet (with fixed indexes it ran only index 0, and
+ * waited for each sleeping worker to be scheduled). */
+static void check_claims(void) {
+    enum { N = 4, TRIALS = 20 };
+    struct sp_pool *p = NULL;
+    CHECK(sp_pool_init(N, &p) == SP_OK);
+    if (!p) return;
+    int caller_more = 0, bad = 0;
+    for (int t = 0; t < TRIALS; t++) {
+        struct timespec ts = {0, 20 * 1000 * 1000}; /* past the workers' spin */
+        nanosleep(&ts, NULL);
+        struct who w;
+        memset(&w, 0, sizeof w);
+        sp_pool_run(p, who_task, &w);
+        for (int i = 0; i < N; i++) bad += atomic_load(&w.hits[i]) != 1;
+        CHECK(pthread_equal(w.by[0], pthread_self()));
+        int mine = 0;
+        for (int i = 1; i < N; i++) mine += pthread_equal(w.by[i], pthread_self()) != 0;
+        caller_more += mine > 0;
+    }
+    CHECKF(bad == 0, "%d indexes not run exactly once", bad);
+    CHECKF(caller_more > 0, "in %d runs after the workers slept, the caller never took a sleeping worker's index",
+           TRIALS);
+    sp_pool_free(p);
+}
+
 int main(void) {
     check_split();
+    check_claims();
     for (int n = 1; n <= 4; n++) {
         struct sp_pool *p = NULL;
         CHECK(sp_pool_init(n, &p) == SP_OK);

@@ -6,27 +6,38 @@
  * more than some jobs.  Workers therefore spin on the job generation for a
  * short while (SPIN_ITERS pauses, tens of microseconds) before sleeping.
  *
+ * The indexes of a run are claimed, not assigned: whoever is running -- the
+ * caller first, then any worker that has woken -- takes the next unclaimed
+ * index, and the caller waits only for indexes that were claimed.  On a busy
+ * device (another process on one of the cores) a worker that the kernel has
+ * not scheduled yet no longer holds up a run: the caller does its index too.
+ * (With fixed indexes each of a token's few hundred runs waited for the
+ * slowest thread to be scheduled; a 7B decode on 2 threads with one CPU hog
+ * took as long as on 1 thread.)
+ *
  * Invariants:
- *  1. The caller writes fn/arg and pending = n-1, then bumps gen (seq_cst);
- *     a worker that observes the new gen reads fn/arg after it (acquire).
- *  2. A worker runs each generation exactly once, then decrements pending
- *     (release); the caller returns only when pending == 0 (acquire), so
- *     the job's writes are visible to it.
+ *  1. tick packs (generation, n, next index): the caller writes fn/arg and
+ *     done = 0, then publishes a new tick (seq_cst) with next = 1 (index 0 is
+ *     its own).  An index is claimed by a CAS that increments next; the
+ *     claimer reads fn/arg after the CAS (acquire), runs the index, and adds
+ *     1 to done (release).
+ *  2. The caller returns only when done == n (acquire): every index ran
+ *     exactly once and its writes are visible.  fn/arg do not change before
+ *     then, so a claim (which succeeds only while next < n, i.e. before the
+ *     run is complete) always reads the run's own fn/arg; a late worker whose
+ *     CAS fails on a newer tick touches nothing of the old run.
  *  3. Lost wake-ups are impossible: a worker increments `sleeping` and then
- *     re-checks gen under the mutex before waiting; the caller bumps gen and
- *     then reads `sleeping` (both seq_cst), and broadcasts under the mutex
- *     if anyone may be asleep (Dekker-style ordering).
+ *     re-checks the generation under the mutex before waiting; the caller
+ *     publishes tick and then reads `sleeping` (both seq_cst), and broadcasts
+ *     under the mutex if anyone may be asleep (Dekker-style ordering).
  *  4. stop is set only in sp_pool_free, after which workers exit.
  *  5. active (1..n) is changed only between runs, by the owner
- *     (sp_pool_set_active), under mu: resume_gen = gen first (every run up
- *     to it is complete), then active.  Workers ith >= active park on
- *     `park` and take no part in runs; a run waits for active - 1 workers.
- *     A worker that sees a generation g takes part only if g > resume_gen
- *     and ith < active, both read after g (so a worker that was parked, or
- *     late, never repeats a finished run, and misses none after it).
+ *     (sp_pool_set_active).  A run has active indexes; workers ith >= active
+ *     park on `park` and claim nothing (correctness does not depend on it: any
+ *     thread may run any index, each exactly once by invariant 1).
  *  6. sp_pool_idle asks spinning workers to sleep now instead of after
  *     their spin; the next run clears the request before it publishes.
- * States: IDLE --sp_pool_run--> RUNNING --pending reaches 0--> IDLE;
+ * States: IDLE --sp_pool_run--> RUNNING --done reaches n--> IDLE;
  *         IDLE --sp_pool_free--> STOPPED.
  */
 #include "pool.h"
@@ -68,13 +79,12 @@ struct sp_pool {
     int n_started;
     pthread_mutex_t mu;
     pthread_cond_t wake;
-    atomic_uint_fast64_t gen;
-    atomic_int pending;
+    atomic_uint_fast64_t tick; /* generation << 32 | n << 16 | next index (invariant 1) */
+    atomic_int done;       /* indexes of the current run completed */
     atomic_int sleeping;
     atomic_int stop;
     atomic_int active;     /* threads taking part in runs (invariant 5) */
     atomic_int idle_req;   /* sleep now (invariant 6) */
-    atomic_uint_fast64_t resume_gen; /* invariant 5 */
     pthread_cond_t park;
     sp_pool_task_fn fn;
     void *arg;
@@ -85,10 +95,30 @@ struct worker_arg {
     int ith;
 };
 
-/* Wait until gen differs from seen (or stop); returns the new gen. */
-static uint64_t wait_job(struct sp_pool *p, uint64_t seen, int ith) {
+static inline uint32_t tick_gen(uint64_t t) { return (uint32_t)(t >> 32); }
+static inline int tick_n(uint64_t t) { return (int)((t >> 16) & 0xffff); }
+static inline int tick_next(uint64_t t) { return (int)(t & 0xffff); }
+
+/* Claim and run indexes of the run whose generation is g until none is left
+ * (invariant 1).  Returns how many this thread ran. */
+static int claim_and_run(struct sp_pool *p, uint32_t g) {
+    int ran = 0;
+    uint64_t t = atomic_load_explicit(&p->tick, memory_order_acquire);
+    for (;;) {
+        if (tick_gen(t) != g || tick_next(t) >= tick_n(t)) return ran;
+        if (!atomic_compare_exchange_weak_explicit(&p->tick, &t, t + 1, memory_order_acquire, memory_order_acquire))
+            continue; /* t reloaded */
+        p->fn(p->arg, tick_next(t), tick_n(t));
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        ran++;
+        t = atomic_load_explicit(&p->tick, memory_order_acquire);
+    }
+}
+
+/* Wait until the generation differs from seen (or stop); returns the new one. */
+static uint32_t wait_job(struct sp_pool *p, uint32_t seen, int ith) {
     for (int i = 0; i < SPIN_ITERS; i++) {
-        uint64_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
+        const uint32_t g = tick_gen(atomic_load_explicit(&p->tick, memory_order_acquire));
         if (g != seen || atomic_load_explicit(&p->stop, memory_order_relaxed)) return g;
         if (atomic_load_explicit(&p->idle_req, memory_order_relaxed) ||
             ith >= atomic_load_explicit(&p->active, memory_order_relaxed))
@@ -96,14 +126,12 @@ static uint64_t wait_job(struct sp_pool *p, uint64_t seen, int ith) {
         backoff(i);
     }
     pthread_mutex_lock(&p->mu);
-    uint64_t g;
+    uint32_t g;
     for (;;) {
         /* parked: not one of the active threads (invariant 5) */
         while (ith >= atomic_load(&p->active) && !atomic_load(&p->stop)) pthread_cond_wait(&p->park, &p->mu);
-        const uint64_t rg = atomic_load(&p->resume_gen);
-        if (rg > seen) seen = rg; /* runs up to rg are finished */
         atomic_fetch_add(&p->sleeping, 1);
-        while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop) && ith < atomic_load(&p->active))
+        while ((g = tick_gen(atomic_load(&p->tick))) == seen && !atomic_load(&p->stop) && ith < atomic_load(&p->active))
             pthread_cond_wait(&p->wake, &p->mu);
         atomic_fetch_sub(&p->sleeping, 1);
         if (g != seen || atomic_load(&p->stop)) break;
@@ -115,20 +143,13 @@ static uint64_t wait_job(struct sp_pool *p, uint64_t seen, int ith) {
 static void *worker(void *a) {
     struct sp_pool *p = ((struct worker_arg *)a)->p;
     const int ith = ((struct worker_arg *)a)->ith;
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
         seen = wait_job(p, seen, ith);
         if (atomic_load(&p->stop)) return NULL;
-        /* invariant 5: a worker that saw a new gen while spinning (or late)
-         * may not be one of its threads, or the run may be long finished */
-        const int n = atomic_load(&p->active);
-        const uint64_t rg = atomic_load(&p->resume_gen);
-        if (ith >= n || seen <= rg) {
-            if (rg > seen) seen = rg;
-            continue;
-        }
-        p->fn(p->arg, ith, n);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        /* a worker that was parked or late finds the run's indexes all
+         * claimed (or a newer generation) and runs nothing (invariant 2) */
+        if (ith < atomic_load_explicit(&p->active, memory_order_relaxed)) claim_and_run(p, seen);
     }
 }
 
@@ -190,7 +211,6 @@ void sp_pool_set_active(struct sp_pool *p, int n) {
     n = n < 1 ? 1 : n > p->n ? p->n : n;
     if (n == atomic_load(&p->active)) return;
     pthread_mutex_lock(&p->mu);
-    atomic_store(&p->resume_gen, atomic_load(&p->gen));
     atomic_store(&p->active, n);
     pthread_cond_broadcast(&p->park); /* re-activated ones resume */
     pthread_cond_broadcast(&p->wake); /* sleeping ones that are now inactive park */
@@ -210,13 +230,17 @@ void sp_pool_run(struct sp_pool *p, sp_pool_task_fn fn, void *arg) {
     atomic_store_explicit(&p->idle_req, 0, memory_order_relaxed);
     p->fn = fn;
     p->arg = arg;
-    atomic_store_explicit(&p->pending, n - 1, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes fn/arg/pending */
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    const uint32_t g = tick_gen(atomic_load_explicit(&p->tick, memory_order_relaxed)) + 1;
+    /* seq_cst: publishes fn/arg/done; index 0 is the caller's */
+    atomic_store(&p->tick, (uint64_t)g << 32 | (uint64_t)n << 16 | 1u);
     if (atomic_load(&p->sleeping) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->wake);
         pthread_mutex_unlock(&p->mu);
     }
     fn(arg, 0, n);
-    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) backoff(i);
+    atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    claim_and_run(p, g); /* the indexes no worker has taken yet */
+    for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n; i++) backoff(i);
 }
