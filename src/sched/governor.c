@@ -46,11 +46,17 @@
 
 enum { WINDOW = 64, MAX_TRACK_THREADS = 256 };
 #define GAIN 0.8
-#define EST_FRESH_S 3.0 /* a thread count's measurement is trusted this long */
+/* A thread count's measurement is trusted for EST_FRESH_S or EST_FRESH_PLANS
+ * plans, whichever is longer: a slow model (300 ms a token, 3 s between plans)
+ * would otherwise find every other count stale at each plan and try one every
+ * few plans, each try a window of tokens at a worse setting. */
+#define EST_FRESH_S 3.0
+#define EST_FRESH_PLANS 8
 
 struct thread_est {
     double work_ms; /* EWMA of work per token at this count */
     double t_s;     /* when last measured (0: never) */
+    int64_t plan;   /* n_plans then */
 };
 
 struct sp_governor {
@@ -448,6 +454,10 @@ static void set_threads(struct sp_governor *g, int n) {
     g->k.threads = n;
 }
 
+static bool est_fresh(const struct sp_governor *g, const struct thread_est *e, double now) {
+    return e->t_s > 0 && (now - e->t_s < EST_FRESH_S || g->st.n_plans - e->plan < EST_FRESH_PLANS);
+}
+
 /* Step 4: the latency loop (decode), from the window since the last plan. */
 static void plan_latency(struct sp_governor *g, double now) {
     const double T = target_ms(g);
@@ -455,8 +465,9 @@ static void plan_latency(struct sp_governor *g, double now) {
     if (g->n_wk > 0 && nt <= MAX_TRACK_THREADS) {
         const double w = median(g->wk, g->n_wk);
         struct thread_est *e = &g->est[nt];
-        e->work_ms = e->t_s > 0 && now - e->t_s < EST_FRESH_S ? 0.5 * e->work_ms + 0.5 * w : w;
+        e->work_ms = est_fresh(g, e, now) ? 0.5 * e->work_ms + 0.5 * w : w;
         e->t_s = now;
+        e->plan = g->st.n_plans;
     }
     if (!(T > 0)) {
         set_threads(g, g->thread_cap);
@@ -471,7 +482,7 @@ static void plan_latency(struct sp_governor *g, double now) {
     int fit = 0, fastest = 0, stale = 0;
     for (int n = 1; n <= g->thread_cap && n <= MAX_TRACK_THREADS; n++) {
         const struct thread_est *e = &g->est[n];
-        const bool fresh = e->t_s > 0 && now - e->t_s < EST_FRESH_S;
+        const bool fresh = est_fresh(g, e, now);
         if (!fresh) {
             if (!stale || abs(n - nt) < abs(stale - nt)) stale = n;
             continue;
