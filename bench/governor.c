@@ -123,14 +123,15 @@ static int latency(const char *path, int threads, int phase, double factor, cons
     if (sp_model_load(path, NULL, &m)) return fprintf(stderr, "load: %s\n", sp_last_error()), 1;
     struct sp_session *s = new_session(m, threads, 0);
     if (!s) return 1;
-    int32_t prompt[8];
+    int32_t prompt[64]; /* a synthetic model's byte-level vocabulary spells the prompt in ~18 tokens */
     int32_t np = 0;
-    if (sp_tokenize(m, "Once upon a time", 16, SP_TOKENIZE_ADD_BOS, prompt, 8, &np)) return 1;
+    if (sp_tokenize(m, "Once upon a time", 16, SP_TOKENIZE_ADD_BOS, prompt, 64, &np))
+        return fprintf(stderr, "tokenize: %s\n", sp_last_error()), 1;
     const int n = 5 * phase;
     double *ms = calloc((size_t)n + 64, sizeof *ms);
     pid_t hog = 0;
     /* unloaded */
-    if (sp_decode(s, prompt, np) || gen(s, 64, ms, phase, &hog, false)) return 1;
+    if (sp_decode(s, prompt, np) || gen(s, 64, ms, phase, &hog, false)) return fprintf(stderr, "decode: %s\n", sp_last_error()), 1;
     const double U = median(ms + 8, 56), T = factor * U;
     printf("{\"model\": \"%s\", \"threads\": %d, \"unloaded_ms\": %.3f, \"target_ms\": %.3f, \"phase_tokens\": %d",
            path, threads, U, T, phase);
@@ -146,7 +147,7 @@ static int latency(const char *path, int threads, int phase, double factor, cons
             if (sp_governor_init(&gp, &g) || sp_session_set_governor(s, g)) return fprintf(stderr, "%s\n", sp_last_error()), 1;
         }
         sp_session_reset(s);
-        if (sp_decode(s, prompt, np) || gen(s, n, ms, phase, &hog, true)) return 1;
+        if (sp_decode(s, prompt, np) || gen(s, n, ms, phase, &hog, true)) return fprintf(stderr, "decode: %s\n", sp_last_error()), 1;
         write_tsv(prefix, mode == 0 ? "gov" : "none", ms, n, phase);
         printf(", \"%s\": {\"changes\": [", mode == 0 ? "governor" : "no_governor");
         int within = 0;

@@ -54,8 +54,7 @@ else
     llama=${LLAMA7B:-$scratch/llama-7b-q4_0.gguf}
     qwen=${QWEN30B:-$scratch/qwen3-30b-a3b-q4_0.gguf}
     phase=${PHASE:-100} heat_s=${HEAT_PHASE_S:-20} heat_n=100000 budget_flag="--mem-budget 7.5G"
-    cgroup=""
-    command -v systemd-run >/dev/null 2>&1 && cgroup="systemd-run --quiet --user --scope -p MemoryMax=8G"
+    cgroup=8G
 fi
 [ -x "$SPARROW" ] || { echo "governor.sh: $SPARROW not built (make)" >&2; exit 1; }
 [ -x "$BENCHGOV" ] || { echo "governor.sh: $BENCHGOV not built (make bench)" >&2; exit 1; }
@@ -82,6 +81,9 @@ print("%.4f %.3f %.3f" % ((r.ru_utime + r.ru_stime) / w, r.ru_utime + r.ru_stime
 PY
 }
 
+# in_cgroup CMD...: CMD inside the 8 GiB group when there is one (incg), else as is
+in_cgroup() { if [ -n "${incg:-}" ]; then sh -c "$(cg_enter)" "$CG" "$@"; else "$@"; fi; }
+
 if [ "$what" = all ] || [ "$what" = latency ]; then
     [ "$DRY" = 1 ] || synth llama-7b "$llama"
     "$BENCHGOV" latency "$llama" "$threads" "$phase" 1.5 "$out/latency" >"$out/latency.json"
@@ -99,12 +101,17 @@ fi
 if [ "$what" = all ] || [ "$what" = heat ]; then
     [ "$DRY" = 1 ] || synth llama-7b "$llama"
     echo 35000 >"$out/temp"
+    rm -f "$out/heat.out"
     (
-        for t in 48000 58000 42000; do
-            sleep "$heat_s"
-            echo "$t" >"$out/temp.n" && mv "$out/temp.n" "$out/temp"
-        done
+        # the phases start with the first generated text, not with the load (a 3.8 GB model
+        # takes seconds to load, and the first phase must be seen at 35 C)
+        i=0
+        while [ ! -s "$out/heat.out" ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i + 1)); done
         sleep "$heat_s"
+        for t in 48000 58000 42000; do
+            echo "$t" >"$out/temp.n" && mv "$out/temp.n" "$out/temp"
+            sleep "$heat_s"
+        done
         touch "$out/heat.done"
     ) &
     writer=$!
@@ -114,7 +121,7 @@ if [ "$what" = all ] || [ "$what" = heat ]; then
     [ "$DRY" = 1 ] && tgt="--target-ms 6"
     # generate until the trace is over (a long -n, stopped once heat.done appears)
     nice -n 0 "$SPARROW" run -m "$llama" $(tokflag "$llama") -p "Once upon a time" -n "$heat_n" --temp 0 -t "$threads" \
-        --context-shift -c 512 --governor $tgt --thermal-file "$out/temp" --trace "$out/heat.jsonl" >/dev/null 2>"$out/heat.err" &
+        --context-shift -c 512 --governor $tgt --thermal-file "$out/temp" --trace "$out/heat.jsonl" >"$out/heat.out" 2>"$out/heat.err" &
     runner=$!
     while kill -0 $runner 2>/dev/null && [ ! -f "$out/heat.done" ]; do sleep 0.2; done
     kill -INT $runner 2>/dev/null
@@ -152,11 +159,22 @@ if [ "$what" = all ] || [ "$what" = experts ]; then
     klok=$(python3 -c "import json; d=json.load(open('$out/kl.json')); print(1 if d['kl_mean'] >= 0 else 0)" 2>/dev/null || echo 0)
     verdict 3 "$klok" "KL of 2 -> 1 experts on stories260K-moe measured ($out/kl.json)"
     [ "$DRY" = 1 ] || synth qwen3-30b-a3b "$qwen"
-    prev=""
+    # the 8 GiB cgroup (bench/cgroup.sh: v2 or v1; needs root); without one the runs are unconfined
+    incg=""
+    if [ -n "$cgroup" ]; then
+        . "$root/bench/cgroup.sh"
+        if cg_init sparrow-governor; then
+            trap 'cg_remove' EXIT INT TERM
+            incg=1
+        else
+            echo "governor.sh: no memory cgroup controller: the 30B runs are not confined to $cgroup" >&2
+        fi
+    fi
     for frac in 1 0.75 0.5; do
         printf 'normal.experts = %s\n' "$frac" >"$out/pol-$frac"
         echo 30000 >"$out/cool"
-        $cgroup "$SPARROW" bench -m "$qwen" -p 16 -n 32 -r 1 -t "$threads" $budget_flag --json --governor \
+        [ -n "$incg" ] && cg_make $((8 << 30))
+        in_cgroup "$SPARROW" bench -m "$qwen" -p 16 -n 32 -r 1 -t "$threads" $budget_flag --json --governor \
             --governor-policy "$out/pol-$frac" --thermal-file "$out/cool" >"$out/experts-$frac.json" 2>"$out/experts-$frac.err"
         python3 - "$out/experts-$frac.json" <<'PY'
 import json, sys
@@ -164,6 +182,7 @@ d = json.load(open(sys.argv[1]))
 print("experts per token %d of %d: decode %.2f tok/s, %s bytes read per token" % (
     d["governor"]["n_expert_used"], d["n_experts_used"], d["decode_tps"], d["bytes_read_per_token"]))
 PY
+        [ -n "$incg" ] && echo "  cgroup ($cgroup) peak $(cg_peak) bytes, OOM kills: $(cg_oom)"
     done
 fi
 
