@@ -593,8 +593,12 @@ static void merge_partials(const struct attn_job *j) {
     }
 }
 
-void sp_kv_attend(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uint32_t il, const float *q,
-                  uint32_t n_tok, uint32_t n_vis0, float scale, float *out, struct sp_pool *pool, void *scratch) {
+/* n_tok query tokens from n_vis0 on, as part of a call of n_all tokens: the
+ * path (wide or narrow) is the whole call's, so a part's rows come out as
+ * they would in the whole (each row's arithmetic depends on nothing else). */
+static void attend(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uint32_t il, const float *q,
+                   uint32_t n_tok, uint32_t n_all, uint32_t n_vis0, float scale, float *out, struct sp_pool *pool,
+                   void *scratch) {
     const struct sp_kv_geom *g = &kv->g;
     SP_ASSERT(n_tok >= 1 && n_vis0 >= 1 && n_vis0 + n_tok - 1 <= c->n && il < g->n_layers);
     const uint32_t G = group_size(g);
@@ -609,7 +613,7 @@ void sp_kv_attend(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uin
     j.n_split = 1;
     j.split_cells = 0;
     const uint32_t base_items = g->n_kv_heads * j.n_ttiles;
-    if (n_tok == 1 && nth > 1 && base_items < 2u * (uint32_t)nth && n_vis0 >= 8 * SP_KV_TILE) {
+    if (n_all == 1 && nth > 1 && base_items < 2u * (uint32_t)nth && n_vis0 >= 8 * SP_KV_TILE) {
         /* too few heads for the threads: cut each head's cells into runs of
          * whole tiles, merged after */
         uint32_t want = (2u * (uint32_t)nth + g->n_kv_heads - 1) / g->n_kv_heads;
@@ -623,7 +627,7 @@ void sp_kv_attend(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uin
     j.n_items = base_items * j.n_split;
     /* the wide path pays from a few lanes' worth of query rows; a decode
      * (G rows) and short prompts keep the narrow one */
-    j.wide = (uint64_t)n_tok * G >= WIDE_MIN_ROWS;
+    j.wide = (uint64_t)n_all * G >= WIDE_MIN_ROWS;
     atomic_init(&j.next, 0);
     if (nth > 1) {
         sp_pool_run(pool, attn_task, &j);
@@ -631,4 +635,18 @@ void sp_kv_attend(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uin
         attn_task(&j, 0, 1);
     }
     if (j.n_split > 1) merge_partials(&j);
+}
+
+void sp_kv_attend(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uint32_t il, const float *q,
+                  uint32_t n_tok, uint32_t n_vis0, float scale, float *out, struct sp_pool *pool, void *scratch) {
+    attend(kv, c, il, q, n_tok, n_tok, n_vis0, scale, out, pool, scratch);
+}
+
+void sp_kv_attend_rows(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uint32_t il, const float *q,
+                       uint32_t n_tok, uint32_t t0, uint32_t t1, uint32_t n_vis0, float scale, float *out,
+                       struct sp_pool *pool, void *scratch) {
+    SP_ASSERT(t0 < t1 && t1 <= n_tok);
+    const struct sp_kv_geom *g = &kv->g;
+    attend(kv, c, il, q + (size_t)t0 * g->n_heads * g->hd_k, t1 - t0, n_tok, n_vis0 + t0, scale,
+           out + (size_t)t0 * g->n_heads * g->hd_v, pool, scratch);
 }

@@ -97,5 +97,11 @@ size_t sp_kv_attend_scratch_bytes(const struct sp_kv_geom *g, int n_threads);
  * note: call only with n_vis0 >= 1 and n_vis0 + n_tok - 1 <= c->n. */
 void sp_kv_attend(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uint32_t il, const float *q,
                   uint32_t n_tok, uint32_t n_vis0, float scale, float *out, struct sp_pool *pool, void *scratch);
+/* Query tokens [t0, t1) of such a call of n_tok tokens (q, n_vis0 and out as
+ * for the whole call): the same results for those rows, bit for bit, so a
+ * prompt's attention can be done a few rows at a time (sp_forward_slice). */
+void sp_kv_attend_rows(const struct sp_kv_cache *kv, const struct sp_kv_cells *c, uint32_t il, const float *q,
+                       uint32_t n_tok, uint32_t t0, uint32_t t1, uint32_t n_vis0, float scale, float *out,
+                       struct sp_pool *pool, void *scratch);
 
 #endif /* SP_KV_CACHE_H */

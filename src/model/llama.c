@@ -116,12 +116,10 @@ void sp_fwd_free(struct sp_fwd *f) {
  * floats, y_ld apart).  The weight is pinned one pager unit at a time, so a
  * streamed tensor never needs to be resident whole; row0 must start a unit
  * (0, or an expert's first row). */
-sp_status sp_matmul_rows(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, uint64_t row0,
-                         uint32_t n_rows, const float *x, int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld) {
-    if (f->observe) f->observe(f->observe_ctx, t, x, x_ld, n_tok);
-    size_t stride;
+/* sp_matmul_rows with the activations already converted (xc, stride). */
+static sp_status matmul_rows_xc(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, uint64_t row0,
+                                uint32_t n_rows, const void *xc, size_t stride, uint32_t n_tok, float *y, int64_t y_ld) {
     const uint32_t wt = sp_pager_wtype(m->pager, t);
-    const void *xc = sp_act_convert(wt, x, t->ne[0], x_ld, n_tok, f->xq, &stride);
     const uint64_t row_bytes = sp_qtype_row_bytes(wt, t->ne[0]);
     const uint32_t unit = sp_pager_unit_rows(m->pager, t);
     for (uint32_t r = 0; r < n_rows; r += unit) {
@@ -133,6 +131,14 @@ sp_status sp_matmul_rows(struct sp_model *m, struct sp_fwd *f, const struct sp_t
         sp_pager_unpin(m->pager, t, w);
     }
     return SP_OK;
+}
+
+sp_status sp_matmul_rows(struct sp_model *m, struct sp_fwd *f, const struct sp_tensor_desc *t, uint64_t row0,
+                         uint32_t n_rows, const float *x, int64_t x_ld, uint32_t n_tok, float *y, int64_t y_ld) {
+    if (f->observe) f->observe(f->observe_ctx, t, x, x_ld, n_tok);
+    size_t stride;
+    const void *xc = sp_act_convert(sp_pager_wtype(m->pager, t), x, t->ne[0], x_ld, n_tok, f->xq, &stride);
+    return matmul_rows_xc(m, f, t, row0, n_rows, xc, stride, n_tok, y, y_ld);
 }
 
 /* Y = X W^T over all rows of a 2-D weight t (model.h). */
@@ -325,56 +331,70 @@ static sp_status add_value_bias(struct sp_model *m, const struct sp_tensor_desc 
     return SP_OK;
 }
 
-/* After the Q, K, V products of layer il: biases, q/k norms, then per
- * sequence the positions (RoPE), the cache writes and attention into
- * f->attn (with a rotated cache's rewrites). */
-static sp_status attn_mid(struct sp_model *m, struct sp_fwd *f, uint32_t il, const struct sp_fwd_seg *segs,
-                          uint32_t n_seg, uint32_t n_tok, const float *freq_factors) {
+/* Attention's first part over the whole batch: biases and head norms of Q and K. */
+static sp_status attn_qk(struct sp_model *m, struct sp_fwd *f, uint32_t il, uint32_t n_tok) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    const struct sp_layer_weights *L = &m->layers[il];
+    sp_status rc;
+    if ((rc = add_bias(m, L->bq, f->q, n_tok)) || (rc = add_bias(m, L->bk, f->k, n_tok)) ||
+        (rc = head_norm(m, L->q_norm, f->q, hp->n_heads * n_tok, hp->head_dim_k)))
+        return rc;
+    return head_norm(m, L->k_norm, f->k, hp->n_kv_heads * n_tok, hp->head_dim_k);
+}
+
+/* One sequence's positions and cache writes: rows [r, r + g->n_tok) of the
+ * batch are segment g's.  A rotated (q4h) cache takes the exact rewrites
+ * that leave its code less to carry: keys balanced against queries per
+ * channel, the value bias added to the output instead of to each value. */
+static sp_status attn_seg_store(struct sp_model *m, struct sp_fwd *f, uint32_t il, const struct sp_fwd_seg *g,
+                                uint32_t r, const float *freq_factors) {
     const struct sp_hparams *hp = &m->mf->hp;
     const struct sp_layer_weights *L = &m->layers[il];
     const uint32_t hdk = hp->head_dim_k;
     const uint32_t QD = hp->n_heads * hdk, KD = hp->n_kv_heads * hdk, VD = hp->n_kv_heads * hp->head_dim_v;
-    const uint32_t OD = hp->n_heads * hp->head_dim_v;
-    const float scale = 1.0f / sqrtf((float)hdk);
     float kd[SP_KV_MAX_HEAD_DIM]; /* a q4h key cache: the layer's key channel balance */
-    sp_status rc = SP_OK;
-#define TRY(x)                                                                                                     \
-    do {                                                                                                           \
-        if ((rc = (x)) != SP_OK) return rc;                                                                        \
-    } while (0)
-    TRY(add_bias(m, L->bq, f->q, n_tok));
-    TRY(add_bias(m, L->bk, f->k, n_tok));
-    TRY(head_norm(m, L->q_norm, f->q, hp->n_heads * n_tok, hdk));
-    TRY(head_norm(m, L->k_norm, f->k, hp->n_kv_heads * n_tok, hdk));
-    /* The positions, the cache writes and attention per sequence, each
-     * over its own cells: rows [r, r + n) of the batch are segs[s]'s.
-     * A rotated (q4h) cache takes the exact rewrites that leave its code
-     * less to carry: keys balanced against queries per channel, the
-     * value bias added to the output instead of to each value. */
-    for (uint32_t s = 0, r = 0; s < n_seg; r += segs[s].n_tok, s++) {
-        const struct sp_fwd_seg *g = &segs[s];
-        const int32_t *pos = g->c->pos + g->c0;
-        const bool rot_k = sp_kv_type_get(g->kv->g.type_k)->rotated;
-        const bool rot_v = sp_kv_type_get(g->kv->g.type_v)->rotated;
-        if (!rot_v && L->bv) TRY(add_bias(m, L->bv, f->v + (size_t)r * VD, g->n_tok));
-        if (rot_k && L->q_norm && L->k_norm && hdk <= SP_KV_MAX_HEAD_DIM) {
-            TRY(qk_balance(m, L, kd));
-            scale_channels(f->q + (size_t)r * QD, hp->n_heads * g->n_tok, hdk, kd, true);
-            scale_channels(f->k + (size_t)r * KD, hp->n_kv_heads * g->n_tok, hdk, kd, false);
-        }
-        for (uint32_t t = 0; t < g->n_tok; t++) {
-            sp_rope(f->q + (size_t)(r + t) * QD, hp->n_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
-                    hp->rope_freq_scale, hp->rope_neox, freq_factors);
-            sp_rope(f->k + (size_t)(r + t) * KD, hp->n_kv_heads, hdk, hp->rope_dims, (float)pos[t],
-                    hp->rope_theta, hp->rope_freq_scale, hp->rope_neox, freq_factors);
-        }
-        sp_kv_store(g->kv, g->c, g->c0, g->n_tok, il, f->k + (size_t)r * KD, f->v + (size_t)r * VD, f->pool);
-        sp_kv_attend(g->kv, g->c, il, f->q + (size_t)r * QD, g->n_tok, g->c0 + 1, scale,
-                     f->attn + (size_t)r * OD, f->pool, f->att);
-        if (rot_v && L->bv) TRY(add_value_bias(m, L->bv, f->attn + (size_t)r * OD, g->n_tok));
+    sp_status rc;
+    const int32_t *pos = g->c->pos + g->c0;
+    const bool rot_k = sp_kv_type_get(g->kv->g.type_k)->rotated;
+    const bool rot_v = sp_kv_type_get(g->kv->g.type_v)->rotated;
+    if (!rot_v && L->bv && (rc = add_bias(m, L->bv, f->v + (size_t)r * VD, g->n_tok))) return rc;
+    if (rot_k && L->q_norm && L->k_norm && hdk <= SP_KV_MAX_HEAD_DIM) {
+        if ((rc = qk_balance(m, L, kd))) return rc;
+        scale_channels(f->q + (size_t)r * QD, hp->n_heads * g->n_tok, hdk, kd, true);
+        scale_channels(f->k + (size_t)r * KD, hp->n_kv_heads * g->n_tok, hdk, kd, false);
     }
-#undef TRY
+    for (uint32_t t = 0; t < g->n_tok; t++) {
+        sp_rope(f->q + (size_t)(r + t) * QD, hp->n_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
+                hp->rope_freq_scale, hp->rope_neox, freq_factors);
+        sp_rope(f->k + (size_t)(r + t) * KD, hp->n_kv_heads, hdk, hp->rope_dims, (float)pos[t], hp->rope_theta,
+                hp->rope_freq_scale, hp->rope_neox, freq_factors);
+    }
+    sp_kv_store(g->kv, g->c, g->c0, g->n_tok, il, f->k + (size_t)r * KD, f->v + (size_t)r * VD, f->pool);
     return SP_OK;
+}
+
+/* Attention of segment g's query tokens [t0, t1) (after attn_seg_store). */
+static sp_status attn_seg_rows(struct sp_model *m, struct sp_fwd *f, uint32_t il, const struct sp_fwd_seg *g,
+                               uint32_t r, uint32_t t0, uint32_t t1) {
+    const struct sp_hparams *hp = &m->mf->hp;
+    const struct sp_layer_weights *L = &m->layers[il];
+    const uint32_t QD = hp->n_heads * hp->head_dim_k, OD = hp->n_heads * hp->head_dim_v;
+    sp_kv_attend_rows(g->kv, g->c, il, f->q + (size_t)r * QD, g->n_tok, t0, t1, g->c0 + 1,
+                      1.0f / sqrtf((float)hp->head_dim_k), f->attn + (size_t)r * OD, f->pool, f->att);
+    if (sp_kv_type_get(g->kv->g.type_v)->rotated && L->bv)
+        return add_value_bias(m, L->bv, f->attn + (size_t)(r + t0) * OD, t1 - t0);
+    return SP_OK;
+}
+
+/* The middle of a layer: Q/K/V of the batch (f->q, f->k, f->v) to f->attn. */
+static sp_status attn_mid(struct sp_model *m, struct sp_fwd *f, uint32_t il, const struct sp_fwd_seg *segs,
+                          uint32_t n_seg, uint32_t n_tok, const float *freq_factors) {
+    sp_status rc = attn_qk(m, f, il, n_tok);
+    for (uint32_t s = 0, r = 0; s < n_seg && !rc; r += segs[s].n_tok, s++) {
+        if (!(rc = attn_seg_store(m, f, il, &segs[s], r, freq_factors)))
+            rc = attn_seg_rows(m, f, il, &segs[s], r, 0, segs[s].n_tok);
+    }
+    return rc;
 }
 
 /* ---- the forward pass --------------------------------------------------- */
@@ -486,7 +506,8 @@ out:
 enum {
     ST_IN = 0, /* (embedding on layer 0) attn_norm */
     ST_QKV,
-    ST_ATTN,
+    ST_ATTN,   /* Q/K biases and norms, positions, the cache writes */
+    ST_ATTEND, /* attention, a few query tokens at a time */
     ST_WO,
     ST_FFN_IN, /* residual, ffn_norm; the MoE block whole */
     ST_GU,
@@ -495,7 +516,14 @@ enum {
     ST_OUT, /* residual; next layer */
     ST_HEAD_IN = 0,
     ST_HEAD,
+    SK_HEAD_IN = ST_OUT + 1, /* the head's norm in sp_fwd_cursor.stage_s */
 };
+
+/* Stages of a layer that run whole (the others are products and attention,
+ * cut into pieces). */
+static bool stage_whole(uint32_t st) {
+    return st == ST_IN || st == ST_ATTN || st == ST_FFN_IN || st == ST_SILU || st == ST_OUT;
+}
 
 static double slice_now(void) {
     struct timespec ts;
@@ -517,15 +545,29 @@ static uint64_t prod_rows_total(const struct slice_prod *p) {
     return r;
 }
 
-/* Rows [r0, r1) of the products' concatenated rows. */
+/* Rows [r0, r1) of the products' concatenated rows.  The activations are
+ * converted once per product and activation type (cur->xq_*), not once per
+ * slice: a prompt's 128 rows converted on one thread for each block of rows
+ * cost ~15% of a sliced prefill. */
 static sp_status prod_rows(struct sp_model *m, struct sp_fwd *f, const struct slice_prod *p, uint32_t n_tok,
-                           uint64_t r0, uint64_t r1) {
+                           struct sp_fwd_cursor *cur, uint64_t r0, uint64_t r1) {
     uint64_t base = 0;
     for (int i = 0; i < p->n; i++) {
         const uint64_t rows = (uint64_t)p->t[i]->ne[1], a = SP_MAX(r0, base), b = SP_MIN(r1, base + rows);
         if (b > a) {
-            sp_status rc = sp_matmul_rows(m, f, p->t[i], a - base, (uint32_t)(b - a), p->x, p->x_ld, n_tok,
-                                          p->y[i] + (a - base), (int64_t)rows);
+            sp_status rc;
+            if (f->observe) {
+                rc = sp_matmul_rows(m, f, p->t[i], a - base, (uint32_t)(b - a), p->x, p->x_ld, n_tok,
+                                    p->y[i] + (a - base), (int64_t)rows);
+            } else {
+                const uint32_t wt = sp_pager_wtype(m->pager, p->t[i]), at = sp_qtraits_get(wt)->vec_dot_type;
+                if (!cur->xq || cur->xq_type != at) {
+                    cur->xq = sp_act_convert(wt, p->x, p->t[i]->ne[0], p->x_ld, n_tok, f->xq, &cur->xq_stride);
+                    cur->xq_type = at;
+                }
+                rc = matmul_rows_xc(m, f, p->t[i], a - base, (uint32_t)(b - a), cur->xq, cur->xq_stride, n_tok,
+                                    p->y[i] + (a - base), (int64_t)rows);
+            }
             if (rc) return rc;
         }
         base += rows;
@@ -542,6 +584,7 @@ static sp_status prod_slice(struct sp_model *m, struct sp_fwd *f, const struct s
     const double per_row = (double)p->t[0]->ne[0] * n_tok; /* units of cost per row */
     double *spu = &cur->s_per_unit[n_tok > 1]; /* a matrix-vector product costs more per unit */
     *finished = false;
+    if (cur->row == 0) cur->xq = NULL; /* a new product: its activations are not converted yet */
     while (cur->row < total) {
         const double now = slice_now();
         if (*did && now >= t_end) return SP_OK;
@@ -557,11 +600,53 @@ static sp_status prod_slice(struct sp_model *m, struct sp_fwd *f, const struct s
             if (total - (cur->row + n) < 64) n = total - cur->row;
         }
         const double t0 = slice_now();
-        sp_status rc = prod_rows(m, f, p, n_tok, cur->row, cur->row + n);
+        sp_status rc = prod_rows(m, f, p, n_tok, cur, cur->row, cur->row + n);
         if (rc) return rc;
         const double su = (slice_now() - t0) / ((double)n * per_row);
         *spu = *spu > 0 ? 0.7 * *spu + 0.3 * su : su;
         cur->row += n;
+        *did = true;
+    }
+    *finished = true;
+    return SP_OK;
+}
+
+/* Attention of the segment's query tokens from cur->row on, in pieces
+ * (multiples of 16 tokens, the rest of the prompt's attention in one piece
+ * when it fits) until done or t_end: a 128-token piece of a 7B prompt at 400
+ * cells took ~14 ms, more than a 10 ms slice.  The cost of a token is taken
+ * as proportional to the cells it sees. */
+static sp_status attend_slice(struct sp_model *m, struct sp_fwd *f, uint32_t il, const struct sp_fwd_seg *g,
+                              struct sp_fwd_cursor *cur, double t_end, bool *did, bool *finished) {
+    const uint32_t n = g->n_tok;
+    double *spu = &cur->s_per_unit[2];
+    *finished = false;
+    while (cur->row < n) {
+        const double now = slice_now();
+        if (*did && now >= t_end) return SP_OK;
+        const uint32_t t0 = (uint32_t)cur->row;
+        uint32_t t1 = n;
+        if (*spu > 0) {
+            /* the most tokens whose cells fit in the time left */
+            const double units = (t_end - now) / *spu;
+            uint32_t t = t0;
+            double u = 0;
+            while (t < n && u + (double)(g->c0 + t + 1) <= units) {
+                u += (double)(g->c0 + t + 1);
+                t++;
+            }
+            t1 = SP_MAX(t0 + 16, (t - t0) / 16 * 16 + t0);
+            if (n - t1 < 16) t1 = n; /* never leave a sliver */
+            t1 = SP_MIN(t1, n);
+        }
+        double units = 0;
+        for (uint32_t t = t0; t < t1; t++) units += (double)(g->c0 + t + 1);
+        const double ts = slice_now();
+        sp_status rc = attn_seg_rows(m, f, il, g, 0, t0, t1);
+        if (rc) return rc;
+        const double su = (slice_now() - ts) / units;
+        *spu = *spu > 0 ? 0.7 * *spu + 0.3 * su : su;
+        cur->row = t1;
         *did = true;
     }
     *finished = true;
@@ -586,7 +671,27 @@ sp_status sp_forward_slice(struct sp_model *m, struct sp_fwd *f, const struct sp
         if ((rc = (x)) != SP_OK) goto out;                                                                         \
     } while (0)
     bool did = false, fin;
-    while (!*pass_done && (!did || slice_now() < t_end)) {
+    /* A stage that runs whole starts only if its last measured time fits in
+     * the slice (or nothing was done yet): started 1 ms before the deadline,
+     * a 128-token prompt's cache writes or SiLU overran it. */
+    int last_sk = -1;
+    double last_t = 0;
+    while (!*pass_done) {
+        const double now = slice_now();
+        if (last_sk >= 0) {
+            double *e = &cur->stage_s[last_sk];
+            *e = *e > 0 ? 0.7 * *e + 0.3 * (now - last_t) : now - last_t;
+            last_sk = -1;
+        }
+        if (did && now >= t_end) break;
+        const int sk = cur->il == hp->n_layers ? (cur->stage == ST_HEAD_IN ? SK_HEAD_IN : -1)
+                       : stage_whole(cur->stage) ? (int)cur->stage
+                                                 : -1;
+        if (sk >= 0) {
+            if (did && now + cur->stage_s[sk] > t_end) break;
+            last_sk = sk;
+            last_t = now;
+        }
         if (cur->il == hp->n_layers) {
             /* the output head: every row with all_logits, else the last */
             const uint32_t n_out = all_logits ? n_tok : 1;
@@ -630,10 +735,18 @@ sp_status sp_forward_slice(struct sp_model *m, struct sp_fwd *f, const struct sp
             break;
         }
         case ST_ATTN:
-            TRY(attn_mid(m, f, il, seg, 1, n_tok, freq_factors));
-            cur->stage = ST_WO;
+            TRY(attn_qk(m, f, il, n_tok));
+            TRY(attn_seg_store(m, f, il, seg, 0, freq_factors));
+            cur->stage = ST_ATTEND;
             cur->row = 0;
             did = true;
+            break;
+        case ST_ATTEND:
+            TRY(attend_slice(m, f, il, seg, cur, t_end, &did, &fin));
+            if (fin) {
+                cur->stage = ST_WO;
+                cur->row = 0;
+            }
             break;
         case ST_WO: {
             const struct slice_prod pr = {{L->wo}, {f->xb2}, 1, f->attn, OD};
@@ -687,6 +800,11 @@ sp_status sp_forward_slice(struct sp_model *m, struct sp_fwd *f, const struct sp
     }
 #undef TRY
 out:
+    if (last_sk >= 0) {
+        double *e = &cur->stage_s[last_sk];
+        const double d = slice_now() - last_t;
+        *e = *e > 0 ? 0.7 * *e + 0.3 * d : d;
+    }
     if (m->rope_freqs) sp_pager_unpin(m->pager, m->rope_freqs, freq_factors);
     return rc;
 }

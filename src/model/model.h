@@ -184,7 +184,13 @@ struct sp_fwd_cursor {
     uint32_t il, stage;
     uint64_t row;
     bool embedded;
-    double s_per_unit[2];
+    double s_per_unit[3]; /* seconds per unit of cost: vector products, matrix products, attention */
+    double stage_s[12];   /* last seconds of each stage that runs whole (llama.c) */
+    /* the current product's converted activations (in sp_fwd's scratch or
+     * the activations themselves), kept across slices; NULL = not yet */
+    const void *xq;
+    uint32_t xq_type;
+    size_t xq_stride;
 };
 /* sp_forward of one segment resumed from *cur until t_end (CLOCK_MONOTONIC
  * seconds; at least one step of work is done) or the end of the pass

@@ -226,6 +226,8 @@ sp_status sp_seq_step_begin(struct sp_seq *s, const int32_t *tokens, uint32_t n,
                                    .active = true, .layer_ms_tok = old.layer_ms_tok};
     s->step.cur.s_per_unit[0] = old.cur.s_per_unit[0];
     s->step.cur.s_per_unit[1] = old.cur.s_per_unit[1];
+    s->step.cur.s_per_unit[2] = old.cur.s_per_unit[2];
+    memcpy(s->step.cur.stage_s, old.cur.stage_s, sizeof old.cur.stage_s);
     return SP_OK;
 }
 
