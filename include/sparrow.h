@@ -142,6 +142,9 @@ struct sp_model_params {
     int32_t n_threads;          /* 0 = one (scratch grows a little with threads) */
     enum sp_kv_type kv_type_k;  /* default F16 */
     enum sp_kv_type kv_type_v;  /* default F16 */
+    int32_t batch_tokens;       /* and a batch of the n_seq sessions with this many
+                                   tokens a step (sp_batch_init's n_tokens, at
+                                   least n_seq), on n_threads; 0 = no batch */
     enum sp_expert_cache expert_cache; /* with a budget that streams experts: the cache's
                                    policy; default (AUTO) NEXT_USE */
 };

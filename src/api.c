@@ -130,9 +130,11 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
     }
     if ((rc = sp_budget_init(p.mem_budget, &m->budget))) goto fail;
     if (p.n_ctx < 0 || p.n_seq < 0 || p.n_batch < 0 || p.n_threads < 0 || !sp_kv_type_get(p.kv_type_k) ||
-        !sp_kv_type_get(p.kv_type_v)) {
-        rc = sp_err(SP_E_INVALID, "%s: bad envelope (n_ctx %d, n_seq %d, n_batch %d, n_threads %d, cache types %d/%d)",
-                    __func__, p.n_ctx, p.n_seq, p.n_batch, p.n_threads, (int)p.kv_type_k, (int)p.kv_type_v);
+        !sp_kv_type_get(p.kv_type_v) || p.batch_tokens < 0 || p.batch_tokens > 65536) {
+        rc = sp_err(SP_E_INVALID,
+                    "%s: bad envelope (n_ctx %d, n_seq %d, n_batch %d, n_threads %d, cache types %d/%d, batch_tokens %d)",
+                    __func__, p.n_ctx, p.n_seq, p.n_batch, p.n_threads, (int)p.kv_type_k, (int)p.kv_type_v,
+                    p.batch_tokens);
         goto fail;
     }
     m->envelope = sp_session_default_params();
@@ -142,6 +144,7 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
     m->envelope.kv_type_k = p.kv_type_k;
     m->envelope.kv_type_v = p.kv_type_v;
     m->envelope_n_seq = p.n_seq ? (uint32_t)p.n_seq : 1;
+    m->envelope_batch_tokens = (uint32_t)p.batch_tokens;
     if (!p.vocab_only) {
         if ((rc = forward_order(m))) goto fail;
         struct sp_pager_config pc = {
@@ -532,12 +535,17 @@ static uint64_t session_bytes(const struct sp_model *m, const struct sp_session_
     return kv + scratch;
 }
 
-/* Bytes the declared envelope's sessions need: what a budget plans room for. */
+static uint64_t batch_bytes(const struct sp_model *m, uint32_t n_seq_max, uint32_t n_tokens, int n_threads);
+
+/* Bytes the declared envelope's sessions (and batch) need: what a budget plans room for. */
 static sp_status envelope_bytes(const struct sp_model *m, uint64_t *out) {
     struct sp_seq_params q;
     sp_status rc = session_shape(m, &m->envelope, &q);
     if (rc) return rc;
     *out = (uint64_t)m->envelope_n_seq * session_bytes(m, &m->envelope, &q);
+    if (m->envelope_batch_tokens)
+        *out += batch_bytes(m, m->envelope_n_seq, SP_MAX(m->envelope_batch_tokens, m->envelope_n_seq),
+                            m->envelope.n_threads ? m->envelope.n_threads : 1);
     return SP_OK;
 }
 

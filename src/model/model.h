@@ -50,6 +50,7 @@ struct sp_model {
     struct sp_budget *budget; /* the memory account (mem/budget.h): the pager, every session */
     struct sp_session_params envelope; /* what the budget plans room for, n_seq times (api.c) */
     uint32_t envelope_n_seq;
+    uint32_t envelope_batch_tokens; /* a batch the envelope holds (sp_batch_init n_tokens; 0 = none) */
     uint8_t fingerprint[32];  /* what a saved session must match (api.c); valid when has_fingerprint */
     bool has_fingerprint;
     struct sp_pager *pager;        /* NULL for vocab-only models */

@@ -472,6 +472,8 @@ int srv_start(struct srv *sv) {
     mp.mem_budget = c->mem_budget;
     envelope_from(&mp, &sp);
     mp.n_seq = c->n_slots;
+    const int32_t n_tok = MAX_I32(c->sp.n_batch ? c->sp.n_batch : 128, c->n_slots);
+    mp.batch_tokens = n_tok; /* and the batch that decodes them */
     sp_status st = sp_model_load(c->model_path, &mp, &sv->model);
     if (st) return lib_error("loading the model", st), -1;
     if ((st = sp_model_get_info(sv->model, &sv->info))) return lib_error("model info", st), -1;
@@ -488,7 +490,6 @@ int srv_start(struct srv *sv) {
         if (!(sv->slots[i].filters = calloc(1, sizeof(struct filters))))
             return fprintf(stderr, "sparrow serve: out of memory\n"), -1;
     }
-    const int32_t n_tok = MAX_I32(c->sp.n_batch ? c->sp.n_batch : 128, c->n_slots);
     if ((st = sp_batch_init(sv->model, c->n_slots, n_tok, c->sp.n_threads, &sv->batch)))
         return lib_error("the batch", st), -1;
     if (gov_create(&c->gov, &sv->gov) != EXIT_OK) return -1;
