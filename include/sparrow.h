@@ -91,7 +91,9 @@ void sp_init(void);
 struct sp_model;
 
 /* How resident weights are held when the model fits.
- *  SP_WEIGHTS_AUTO: Sparrow's choice (currently LOAD).
+ *  SP_WEIGHTS_AUTO: Sparrow's choice: MMAP for a file `sparrow convert` wrote
+ *                   (its matrices stored in the layouts the kernels read;
+ *                   sp_convert), LOAD for any other.
  *  SP_WEIGHTS_MMAP: pointers into a read-only mapping of the file; pages
  *                   come from the page cache on first touch.
  *  SP_WEIGHTS_LOAD: read once into anonymous memory backed by huge pages
@@ -1047,6 +1049,20 @@ enum sp_calib_method {
                                  256 MiB) */
 };
 
+/* How a writer stores the matrices whose type has a resident layout -- the
+ * regrouped bytes the x86 kernels read (Q4_0_g8, Q4_K_g8, the native g4
+ * layouts; docs/FORMAT.md, "Resident layouts").  A file with them is used in
+ * place by a resident load: mapped, not copied or repacked. */
+enum sp_layout {
+    SP_LAYOUT_NONE = 0,  /* the file types (a stored layout is un-repacked) */
+    SP_LAYOUT_AUTO,      /* the layouts this CPU's kernels read (none where they read
+                            the file types: AArch64, or AMX taking the type's prefill) */
+    SP_LAYOUT_RESIDENT,  /* every layout a matrix has, whatever this CPU reads (a file
+                            for another machine; where its kernels lack one, a load
+                            un-repacks it) */
+    SP_LAYOUT_COUNT
+};
+
 struct sp_quantize_params {
     const char *input;        /* GGUF (F32/F16/BF16/Q8_0 tensors) or llama2.c .bin */
     const char *tokenizer_path; /* llama2.c input: its tokenizer.bin (NULL = beside it) */
@@ -1066,6 +1082,8 @@ struct sp_quantize_params {
                                  contiguous groups of heads; it must divide
                                  their count; 0 = off */
     int32_t n_threads;        /* 0 = one */
+    enum sp_layout layout;    /* NONE (default); AUTO / RESIDENT: matrices stored in
+                                 resident layouts, as sp_convert does */
     sp_quantize_tensor_fn on_tensor; /* NULL = no reports */
     sp_quantize_progress_fn on_progress; /* NULL = none */
     void *user;               /* passed to on_tensor and on_progress */
@@ -1102,6 +1120,48 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
  * range. */
 int32_t sp_quantize_n_policies(void);
 sp_status sp_quantize_policy_info(int32_t i, const char **name, const char **about);
+
+/* ---------------------------------------------------------------------------
+ * Conversion (src/quantize/convert.c): any model file Sparrow reads in, a
+ * GGUF out with the same tensors (types, values, metadata) whose matrices
+ * are stored in the layouts the kernels read and whose tensors start on 4 KiB
+ * pages, so that a resident load maps the file and uses it where it lies
+ * (SP_WEIGHTS_AUTO): no copy, no repack, its pages shared by every process
+ * that maps it.  SP_LAYOUT_NONE writes the file types back.
+ * ------------------------------------------------------------------------- */
+
+struct sp_convert_params {
+    const char *input;        /* GGUF (native or not), model package or llama2.c .bin */
+    const char *tokenizer_path; /* llama2.c input: its tokenizer.bin (NULL = beside it) */
+    const char *output;       /* created or replaced only when complete */
+    enum sp_layout layout;    /* default SP_LAYOUT_AUTO */
+    sp_progress_fn progress;  /* bytes of tensor data written of the total; NULL = none */
+    void *progress_user;
+};
+struct sp_convert_params sp_convert_default_params(void);
+
+struct sp_convert_result {
+    int32_t n_tensors;
+    int32_t n_layout;         /* tensors stored in a resident layout */
+    uint64_t layout_bytes;    /* their bytes */
+    uint64_t tensor_bytes;    /* all tensor data */
+    uint64_t file_size;
+    double seconds;
+};
+
+/* Convert params->input into params->output: metadata copied (the layout
+ * keys set anew: general.alignment 4096, sparrow.requires, sparrow.layout =
+ * "resident" unless NONE), every tensor in order with its values, matrices
+ * stored as sp_layout says -- never the input embedding, which is read by
+ * rows.  Written to a temporary file beside output, fsynced and renamed:
+ * on failure or cancel nothing is left and an existing output is untouched.
+ * out may be NULL.  SP_E_INVALID (bad parameters, output is the input),
+ * SP_E_FORMAT / SP_E_UNSUPPORTED (an input Sparrow does not read), SP_E_IO,
+ * SP_E_NOMEM, SP_E_STATE (cancelled by progress). */
+sp_status sp_convert(const struct sp_convert_params *params, struct sp_convert_result *out);
+
+/* "none", "auto", "resident"; NULL out of range. */
+const char *sp_layout_name(enum sp_layout l);
 
 /* ---------------------------------------------------------------------------
  * Model packages (src/package/; the layouts in src/format/pack.h, the design

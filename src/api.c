@@ -148,7 +148,7 @@ sp_status sp_model_load(const char *path, const struct sp_model_params *params, 
     if (!p.vocab_only) {
         if ((rc = forward_order(m))) goto fail;
         struct sp_pager_config pc = {
-            .mode = p.weights == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD,
+            .mode = p.weights,
             .budget = p.mem_budget,
             .account = m->budget,
             .embed = m->output != m->tok_embd ? m->tok_embd : NULL,

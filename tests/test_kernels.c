@@ -369,7 +369,8 @@ static void test_gemm(const struct test_level *l) {
  * Rows of random blocks of the file type, repacked: to_float gives the file
  * type's floats, and vec_dot (reference and the level's) and gemm (decode
  * and batches, row counts around the 8-row strips, rows across the
- * decode's K chunks) give the file type's reference dot bit for bit. */
+ * decode's K chunks) give the file type's reference dot bit for bit; the
+ * un-repack gives the file type's bytes back. */
 
 static struct test_level res_levels[TEST_ISA_MAX];
 static struct sp_qtraits res_tabs[TEST_ISA_MAX][SP_QTYPE_NATIVE_COUNT];
@@ -399,6 +400,14 @@ static void resident_case(const struct test_level *l, const struct resident *rs,
     }
     memcpy(wg, w, (size_t)max_rows * w_stride);
     sp_qtype_repack(rs->to, wg, max_rows, n, w_stride);
+    { /* the inverse gives the file type's bytes back (a stored layout's fallback) */
+        uint8_t *wu = malloc((size_t)max_rows * w_stride);
+        memcpy(wu, wg, (size_t)max_rows * w_stride);
+        sp_qtype_unrepack(rs->to, wu, max_rows, n, w_stride);
+        if (memcmp(wu, w, (size_t)max_rows * w_stride) && (*bad)++ < 3)
+            fprintf(stderr, "%s unrepack n %lld: not %s's bytes\n", ref->name, (long long)n, fr->name);
+        free(wu);
+    }
     for (int64_t r = 0; r < max_rows; r++) {
         fr->to_float(w + (size_t)r * w_stride, fa, n);
         got->to_float(wg + (size_t)r * w_stride, fb, n);

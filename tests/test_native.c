@@ -868,6 +868,14 @@ static void test_simd_g4(const struct test_level *l) {
             }
             memcpy(wg, w, (size_t)max_rows * ws);
             sp_qtype_repack(g4[k], wg, max_rows, n, ws);
+            { /* the inverse gives the file blocks back, byte for byte (a stored layout's fallback) */
+                uint8_t *wu = malloc((size_t)max_rows * ws);
+                memcpy(wu, wg, (size_t)max_rows * ws);
+                sp_qtype_unrepack(g4[k], wu, max_rows, n, ws);
+                CHECKF(memcmp(wu, w, (size_t)max_rows * ws) == 0, "%s: un-repacked rows of %lld differ from %s's",
+                       ref->name, (long long)n, fr->name);
+                free(wu);
+            }
             const int64_t ntk = n <= 768 ? max_tok : 5; /* two token groups on the short rows only (ASan time) */
             for (int64_t r = 0; r < max_rows; r++) {
                 const uint8_t *wr = w + (size_t)r * ws, *gr = wg + (size_t)r * ws;

@@ -30,20 +30,11 @@
 static char dir[4096];
 
 static const char *path_in(const char *name) {
-    static char buf[4][4200];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
+    return test_path(dir, name);
 }
 
 static bool same_file(const char *a, const char *b) {
-    size_t na = 0, nb = 0;
-    char *x = test_read_file(a, &na), *y = test_read_file(b, &nb);
-    const bool same = x && y && na == nb && memcmp(x, y, na) == 0;
-    free(x);
-    free(y);
-    return same;
+    return test_same_file(a, b);
 }
 
 static bool copy_file(const char *from, const char *to) {

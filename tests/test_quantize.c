@@ -57,11 +57,7 @@
 static char dir[2048];
 
 static const char *scratch(const char *name) {
-    static char buf[4][4096];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
+    return test_path(dir, name);
 }
 
 static bool exists(const char *path) {

@@ -76,6 +76,26 @@ static inline char *test_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+/* dir/name in one of 4 rotating static buffers: a result stays valid
+ * through the next three calls. */
+static inline const char *test_path(const char *dir, const char *name) {
+    static char buf[4][4200];
+    static int k;
+    k = (k + 1) % 4;
+    if (snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name) >= (int)sizeof buf[k]) buf[k][0] = '\0'; /* too long: no file */
+    return buf[k];
+}
+
+/* Whether files a and b both read and hold the same bytes. */
+static inline int test_same_file(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    char *x = test_read_file(a, &na), *y = test_read_file(b, &nb);
+    const int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
 /* Scratch directory for files a test writes: $SPARROW_SCRATCH or /tmp. */
 static inline const char *scratch_dir(void) {
     const char *d = getenv("SPARROW_SCRATCH");

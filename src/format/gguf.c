@@ -439,8 +439,9 @@ static sp_status rd_tensor(struct rd *r, struct sp_tensor_desc *t, uint64_t inde
     if (!tr) {
         return sp_err(SP_E_UNSUPPORTED, "sp_gguf_read: '%s': tensor '%s' has unknown type id %u", r->path, t->name, type);
     }
-    /* Sparrow's native types pad the last block of a row (quant/native.h). */
-    const bool padded = type >= SP_QTYPE_NATIVE_FIRST;
+    /* Sparrow's native types pad the last block of a row (quant/native.h);
+     * the resident layouts hold whole groups (their kernels read them so). */
+    const bool padded = type >= SP_QTYPE_NATIVE_FIRST && !sp_qtype_resident_from(type);
     if (!padded && t->ne[0] % tr->block_elems != 0) {
         return sp_err(SP_E_FORMAT, "sp_gguf_read: '%s': tensor '%s': row length ne[0] = %lld is not a multiple of the %s block size %lld",
                       r->path, t->name, (long long)t->ne[0], tr->name, (long long)tr->block_elems);
@@ -838,7 +839,8 @@ sp_status sp_gguf_writer_add_tensor(struct sp_gguf_writer *w, const char *name, 
         overflow |= sp_mul_overflow_u64(n_elems, (uint64_t)ne[d], &n_elems);
         if (d > 0) overflow |= sp_mul_overflow_u64(rows, (uint64_t)ne[d], &rows);
     }
-    const bool padded = type >= SP_QTYPE_NATIVE_FIRST; /* native types pad the last block */
+    /* native types pad the last block; the resident layouts hold whole groups */
+    const bool padded = type >= SP_QTYPE_NATIVE_FIRST && !sp_qtype_resident_from(type);
     if (!padded && ne[0] % tr->block_elems != 0) {
         return sp_err(SP_E_INVALID, "%s: tensor '%s': ne[0] = %lld is not a multiple of the %s block size %lld", __func__, name,
                       (long long)ne[0], tr->name, (long long)tr->block_elems);

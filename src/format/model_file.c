@@ -12,6 +12,7 @@
 
 #include "core/file.h"
 #include "gguf.h"
+#include "quant/native.h"
 #include "llama2c.h"
 #include "pack.h"
 
@@ -123,6 +124,10 @@ const struct sp_meta_value *sp_model_file_meta(const struct sp_model_file *mf, c
         if (strcmp(mf->meta[i].key, key) == 0) return &mf->meta[i].value;
     }
     return NULL;
+}
+
+bool sp_model_file_layout_key(const char *key) {
+    return !strcmp(key, "general.alignment") || !strcmp(key, "sparrow.requires") || !strcmp(key, "sparrow.layout");
 }
 
 #define FN "sp_model_file_open" /* what messages from the static helpers below name */
@@ -519,12 +524,28 @@ static sp_status interpret_gguf(struct sp_model_file *mf, bool vocab_only) {
     if ((rc = get_str(mf, "general.name", &name))) return rc;
     if (name && !(mf->name = sp_strdup(name))) return sp_err(SP_E_NOMEM, "%s: out of memory", FN);
     /* sparrow.requires names what a reader must know (docs/FORMAT.md) */
-    const char *req;
-    if ((rc = get_str(mf, "sparrow.requires", &req))) return rc;
-    if (req && strcmp(req, "native-types-1") != 0 && strcmp(req, "native-types-2") != 0) {
+    const char *req, *layout;
+    if ((rc = get_str(mf, "sparrow.requires", &req)) || (rc = get_str(mf, "sparrow.layout", &layout))) return rc;
+    const int level = req ? sp_native_requires_parse(req) : 0;
+    if (level < 0) {
         return sp_err(SP_E_UNSUPPORTED, "%s: '%s' requires '%.64s' (key sparrow.requires), which this version of "
-                      "Sparrow does not know (it reads native-types-1 and native-types-2): a newer Sparrow wrote it",
+                      "Sparrow does not know (it reads native-types-1 to native-types-3): a newer Sparrow wrote it",
                       FN, mf->path, req);
+    }
+    /* a tensor in a resident layout is only read by a reader that knows them */
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        const uint32_t t = mf->tensors[i].type;
+        if (sp_native_requires_level(t) == 3 && level < 3) {
+            return sp_err(SP_E_FORMAT, "%s: '%s': tensor '%s' is stored in the resident layout %s, but key "
+                          "sparrow.requires is %s%s%s (a file holding one must say native-types-3)", FN, mf->path,
+                          mf->tensors[i].name, sp_qtype_name(t), req ? "'" : "", req ? req : "absent", req ? "'" : "");
+        }
+    }
+    if (layout && strcmp(layout, "resident") == 0) {
+        mf->in_place = true;
+    } else if (layout) {
+        SP_LOG_W("%s: '%s': key sparrow.layout = '%.64s' is not one this version knows (resident); the file is "
+                 "read as an ordinary GGUF", FN, mf->path, layout);
     }
     if ((rc = read_hparams(mf, vocab_only)) || (rc = read_vocab(mf, vocab_only))) return rc;
     if (!vocab_only && mf->n_tensors == 0) {

@@ -150,6 +150,11 @@ struct sp_model_file {
 
     char *tokenizer_path;    /* llama2.c: the tokenizer.bin that was read */
 
+    bool in_place;           /* sparrow.layout = "resident": the tensor data was
+                                written to be used where it lies (page-aligned,
+                                matrices in the resident layouts of the writing
+                                CPU's kernels: `sparrow convert`), so a resident
+                                load maps the file instead of copying it */
     bool packed;             /* path is a model package (pack.h): the directory
                                 and offsets are those of the GGUF it holds, whose
                                 bytes live compressed in shards; read them through
@@ -187,5 +192,10 @@ const struct sp_tensor_desc *sp_model_file_find(const struct sp_model_file *mf, 
 
 /* Metadata lookup by key; NULL if absent. */
 const struct sp_meta_value *sp_model_file_meta(const struct sp_model_file *mf, const char *key);
+
+/* Keys that describe how a file's tensor data is laid out (general.alignment,
+ * sparrow.requires, sparrow.layout): a writer of another file sets them
+ * itself and never copies them from its input. */
+bool sp_model_file_layout_key(const char *key);
 
 #endif /* SP_MODEL_FILE_H */

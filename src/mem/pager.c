@@ -12,7 +12,11 @@
  *  3. Resident back end: MMAP maps the file read-only; LOAD holds file bytes
  *     [base, file_size) at region offset (file offset - base), except that
  *     tensors with a wtype[] hold the same values in a resident layout of
- *     their type (quant.h), in the same bytes.
+ *     their type (quant.h), in the same bytes, and tensors with an
+ *     unpacked[] -- stored in a resident layout the kernel table lacks --
+ *     hold them in that layout's file type.  A tensor with an unpacked[]
+ *     is never mapped: MMAP is not chosen for a file that has one, and the
+ *     budgeted back end un-repacks it in every slot and pinned copy.
  *  4. Budgeted back end: all memory -- the pinned region and one block of
  *     slots for the three pools -- is allocated, touched and locked in
  *     sp_pager_apply, sized by the plan, and never grows.  Slot data is the
@@ -96,6 +100,8 @@ struct sp_pager {
     uint64_t map_size, base;
     atomic_uint_fast32_t *pins; /* (n_tensors) outstanding pins of pinned/resident tensors */
     uint32_t *wtype;        /* (n_tensors) the resident layout LOAD repacked a tensor to, 0: its file type; NULL: none */
+    uint32_t *unpacked;     /* (n_tensors) the file type a tensor stored in a resident layout is read back as,
+                               where the kernel table lacks the layout (0: as stored); NULL: none.  Open to close */
     atomic_uint_fast64_t n_pins, n_unpins;
 
     /* budgeted back end */
@@ -169,9 +175,19 @@ static sp_status map_file(struct sp_pager *pg, int fd) {
         return sp_err(SP_E_IO, "%s: cannot map '%s' (%llu bytes): %s", __func__, mf->path,
                       (unsigned long long)mf->file_size, strerror(errno));
     }
+#ifdef MADV_HUGEPAGE
+    /* where the page cache holds the file in 2 MiB folios (ext4 and others
+     * with large folios), the faults map them whole: 1/512 of the page-table
+     * setup and of the TLB misses of 4 KiB pages; a cold read of a fault
+     * reads ahead as much */
+    (void)madvise(m, (size_t)mf->file_size, MADV_HUGEPAGE);
+#endif
     pg->map = m;
     pg->map_size = mf->file_size;
     pg->base = 0;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) n += sp_qtype_resident_from(mf->tensors[i].type) != 0;
+    if (mf->in_place) SP_LOG_I("'%s': weights used in place (%u tensors in stored resident layouts)", mf->path, n);
     return SP_OK;
 }
 
@@ -194,9 +210,8 @@ static void repack_resident(struct sp_pager *pg, uint8_t *region) {
         if (t == pg->cfg.by_rows || (!region && pg->plan.t[i].place != SP_PLACE_PINNED)) continue;
         uint8_t *data = region ? region + (t->offset - pg->base)
                                : pg->pinned_region + (pg->tptr[i] - (const uint8_t *)pg->pinned_region);
-        const uint32_t r = sp_qtype_resident(t->type);
-        const struct sp_qtraits *to = r ? sp_qtraits_get(r) : NULL;
-        if (!to || !to->gemm || t->ne[0] % to->block_elems) continue;
+        const uint32_t r = sp_qtype_resident_here(t->type, t->ne[0]);
+        if (!r) continue;
         if (!pg->wtype && !(pg->wtype = sp_calloc(mf->n_tensors, sizeof *pg->wtype))) return; /* file layouts */
         sp_qtype_repack(r, data, (int64_t)tensor_rows(t), t->ne[0], sp_qtype_row_bytes(t->type, t->ne[0]));
         pg->wtype[i] = r;
@@ -204,6 +219,47 @@ static void repack_resident(struct sp_pager *pg, uint8_t *region) {
         n++;
     }
     if (n) SP_LOG_I("repacked %u tensors (%.1f MiB) to resident layouts in %.2f s", n, (double)bytes / (1 << 20), now_s() - t0);
+}
+
+/* The tensors a file stores in resident layouts that the kernel table
+ * lacks here (a file converted on another CPU kind, or SPARROW_REPACK=0):
+ * they are read back as the layout's file type (pg->unpacked), so that the
+ * file's own kernels run them at their usual speed.  The tensor read by rows
+ * keeps what it has: rows are read with its stored type's reference. */
+static sp_status plan_unpack(struct sp_pager *pg) {
+    const struct sp_model_file *mf = pg->mf;
+    uint32_t n = 0, first = 0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        const struct sp_tensor_desc *t = &mf->tensors[i];
+        const uint32_t base = sp_qtype_resident_from(t->type);
+        if (!base || t == pg->cfg.by_rows || sp_qtype_layout_here(t->type)) continue;
+        if (!pg->unpacked && !(pg->unpacked = sp_calloc(mf->n_tensors, sizeof *pg->unpacked)))
+            return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+        pg->unpacked[i] = base;
+        bytes += t->size;
+        if (!n++) first = t->type;
+    }
+    if (n) {
+        SP_LOG_W("'%s': %u tensors (%.1f MiB) are stored in resident layouts this CPU's kernels do not read (%s, "
+                 "...): loading them converted back to their file types, not mapped ('sparrow convert' writes a "
+                 "file for this CPU)", mf->path, n, (double)bytes / (1 << 20), sp_qtype_name(first));
+    }
+    return SP_OK;
+}
+
+/* Un-repack the tensors plan_unpack chose, in place: region is LOAD's
+ * region (every tensor); NULL: the budgeted back end's pinned tensors
+ * (streamed units are un-repacked as they are read, io_main). */
+static void unpack_stored(struct sp_pager *pg, uint8_t *region) {
+    const struct sp_model_file *mf = pg->mf;
+    for (uint32_t i = 0; pg->unpacked && i < mf->n_tensors; i++) {
+        const struct sp_tensor_desc *t = &mf->tensors[i];
+        if (!pg->unpacked[i] || (!region && pg->plan.t[i].place != SP_PLACE_PINNED)) continue;
+        uint8_t *data = region ? region + (t->offset - pg->base)
+                               : pg->pinned_region + (pg->tptr[i] - (const uint8_t *)pg->pinned_region);
+        sp_qtype_unrepack(t->type, data, (int64_t)tensor_rows(t), t->ne[0], sp_qtype_row_bytes(t->type, t->ne[0]));
+    }
 }
 
 /* Read the tensor data section into one anonymous region.  Reads go in large
@@ -246,6 +302,7 @@ static sp_status load_file(struct sp_pager *pg, int fd) {
         }
         done += chunk;
     }
+    unpack_stored(pg, m);
     repack_resident(pg, m);
     (void)mprotect(m, (size_t)n, PROT_READ); /* weights are read-only from here on */
     pg->map = m;
@@ -303,9 +360,19 @@ static void *io_main(void *arg) {
         struct io_req r = pg->q[pg->q_head];
         pg->q_head = (pg->q_head + 1) % pg->q_cap;
         pg->q_len--;
+        /* a slot's unit of a tensor read back as its file type (plan_unpack):
+         * the slot is LOADING, so nobody changes it until the read is done */
+        const struct slot *rs = r.slot >= 0 ? &pg->slots[r.slot] : NULL;
+        const struct sp_tensor_desc *ut = rs && pg->unpacked && pg->unpacked[rs->tensor] ? &pg->mf->tensors[rs->tensor] : NULL;
+        uint8_t *udata = ut ? (uint8_t *)rs->data : NULL;
+        const uint64_t ulen = ut ? rs->unit_len : 0;
         pthread_mutex_unlock(&pg->mu);
         uint64_t err_off = 0;
         int err = read_span(pg, r.dst, r.off, r.len, r.need, &err_off);
+        if (!err && ut) {
+            const size_t rb = sp_qtype_row_bytes(ut->type, ut->ne[0]);
+            sp_qtype_unrepack(ut->type, udata, (int64_t)(ulen / rb), ut->ne[0], rb);
+        }
         pthread_mutex_lock(&pg->mu);
         pg->st.bytes_read += err ? 0 : r.len;
         if (r.slot < 0) {
@@ -440,7 +507,6 @@ sp_status sp_pager_open(const struct sp_model_file *mf, const struct sp_pager_co
     if (!pg) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     pg->mf = mf;
     pg->cfg = *cfg;
-    pg->mode = cfg->mode == SP_WEIGHTS_MMAP ? SP_WEIGHTS_MMAP : SP_WEIGHTS_LOAD;
     pg->budgeted = cfg->budget > 0;
     pg->fd = pg->fd_direct = -1;
     sp_status rc;
@@ -449,6 +515,12 @@ sp_status sp_pager_open(const struct sp_model_file *mf, const struct sp_pager_co
         rc = sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
         goto fail;
     }
+    if ((rc = plan_unpack(pg))) goto fail;
+    /* AUTO maps a file written to be used in place (its layouts all read
+     * here); a tensor to un-repack needs writable memory, so never MMAP */
+    pg->mode = cfg->mode == SP_WEIGHTS_MMAP || (cfg->mode == SP_WEIGHTS_AUTO && mf->in_place) ? SP_WEIGHTS_MMAP
+                                                                                               : SP_WEIGHTS_LOAD;
+    if (pg->unpacked) pg->mode = SP_WEIGHTS_LOAD;
     if (mf->n_tensors == 0) { /* vocab-only: nothing to map */
         *out = pg;
         return SP_OK;
@@ -618,6 +690,7 @@ static sp_status load_pinned(struct sp_pager *pg) {
         return sp_err(SP_E_IO, "%s: '%s': reading the resident weights failed at offset %llu: %s", __func__, mf->path,
                       (unsigned long long)pg->pinned_err_off, strerror(err));
     }
+    unpack_stored(pg, NULL);
     repack_resident(pg, NULL);
     return SP_OK;
 }
@@ -848,6 +921,7 @@ void sp_pager_close(struct sp_pager *pg) {
     if (pg->fd_direct >= 0 && pg->fd_direct != pg->fd) close(pg->fd_direct);
     if (pg->fd >= 0) close(pg->fd);
     sp_free(pg->pins);
+    sp_free(pg->unpacked);
     sp_free(pg);
 }
 
@@ -1156,7 +1230,9 @@ void sp_pager_unpin(struct sp_pager *pg, const struct sp_tensor_desc *t, const v
 }
 
 uint32_t sp_pager_wtype(const struct sp_pager *pg, const struct sp_tensor_desc *t) {
-    return pg->wtype && pg->wtype[tensor_index(pg, t)] ? pg->wtype[tensor_index(pg, t)] : t->type;
+    const size_t i = tensor_index(pg, t);
+    if (pg->wtype && pg->wtype[i]) return pg->wtype[i];
+    return pg->unpacked && pg->unpacked[i] ? pg->unpacked[i] : t->type;
 }
 
 /* Hints (see pager.h).  certain: the units will be pinned next, so they are

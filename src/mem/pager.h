@@ -45,7 +45,11 @@ struct sp_pager_stats {
 };
 
 struct sp_pager_config {
-    enum sp_weight_mode mode;  /* resident back end: MMAP or LOAD (AUTO = LOAD) */
+    enum sp_weight_mode mode;  /* resident back end: MMAP or LOAD; AUTO = MMAP for a file
+                                  written to be used in place (mf->in_place: `sparrow
+                                  convert`), else LOAD.  A file storing resident layouts
+                                  the kernel table lacks here is always LOADed, those
+                                  tensors un-repacked to their file types (one warning) */
     uint64_t budget;           /* bytes; 0 = no budget (resident) */
     const struct sp_tensor_desc *embed; /* input embedding when untied (read by rows), else NULL */
     uint32_t n_experts, n_experts_used;
@@ -147,8 +151,11 @@ struct sp_pager_span {
 void sp_pager_need_spans(struct sp_pager *pg, const struct sp_pager_span *spans, uint32_t n);
 
 /* The type the forward pass multiplies t as: its resident layout (quant.h)
- * where the resident LOAD back end repacked it (cfg.repack), else t->type.
- * MMAP and the budgeted back end keep every file layout. */
+ * where the resident LOAD back end repacked it (cfg.repack), the layout's
+ * file type where the file stores a layout the kernel table lacks (every
+ * back end un-repacks those), else t->type.  MMAP and the budgeted back
+ * end's streamed units keep every other file layout: a file that stores
+ * resident layouts is read in them, mapped or streamed. */
 uint32_t sp_pager_wtype(const struct sp_pager *pg, const struct sp_tensor_desc *t);
 
 /* True when t is streamed (not resident) under an applied budget plan. */

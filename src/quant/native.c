@@ -275,7 +275,8 @@ static size_t g4_bytes(int bits) {
     return (size_t)G4_BLOCKS * g4_file(bits)->bytes;
 }
 
-static void g4_repack(int bits, void *rows, int64_t n_rows, int64_t n, size_t stride) {
+/* Rows of the file type regrouped in place: into groups (pack), or back. */
+static void g4_regroup(int bits, bool pack, void *rows, int64_t n_rows, int64_t n, size_t stride) {
     const size_t gb = g4_bytes(bits);
     uint8_t tmp[G4_MAX_BYTES];
     assert(n % SP_QK_G4 == 0);
@@ -283,7 +284,8 @@ static void g4_repack(int bits, void *rows, int64_t n_rows, int64_t n, size_t st
         uint8_t *g = (uint8_t *)rows + (size_t)r * stride;
         for (int64_t i = 0; i < n / SP_QK_G4; i++, g += gb) {
             memcpy(tmp, g, gb);
-            g4_pack(bits, tmp, g);
+            if (pack) g4_pack(bits, tmp, g);
+            else g4_unpack(bits, tmp, g);
         }
     }
 }
@@ -316,7 +318,10 @@ static void g4_vec_dot(int bits, int64_t n, float *restrict s, const void *restr
 
 #define G4_FNS(b)                                                                                                    \
     void sp_native_g4_repack_i##b(void *rows, int64_t n_rows, int64_t n, size_t stride) {                           \
-        g4_repack(b, rows, n_rows, n, stride);                                                                      \
+        g4_regroup(b, true, rows, n_rows, n, stride);                                                                   \
+    }                                                                                                              \
+    void sp_native_g4_unrepack_i##b(void *rows, int64_t n_rows, int64_t n, size_t stride) {                         \
+        g4_regroup(b, false, rows, n_rows, n, stride);                                                                   \
     }                                                                                                              \
     void sp_native_g4_to_float_i##b(const void *restrict src, float *restrict dst, int64_t n) {                    \
         g4_to_float(b, src, dst, n);                                                                                \
@@ -734,6 +739,24 @@ const struct sp_qtraits *sp_native_ref_traits(uint32_t t) {
 
 bool sp_qtype_is_native(uint32_t t) {
     return sp_native_ref_traits(t) != NULL;
+}
+
+static const char *const requires_names[] = {"native-types-1", "native-types-2", "native-types-3"};
+
+int sp_native_requires_level(uint32_t t) {
+    if (sp_qtype_resident_from(t)) return 3;
+    const struct sp_native_layout *L = sp_native_layout(t);
+    return L ? (L->l8 ? 2 : 1) : 0;
+}
+
+const char *sp_native_requires_name(int level) {
+    return level >= 1 && level <= (int)SP_ARRAY_LEN(requires_names) ? requires_names[level - 1] : NULL;
+}
+
+int sp_native_requires_parse(const char *value) {
+    for (size_t i = 0; value && i < SP_ARRAY_LEN(requires_names); i++)
+        if (!strcmp(value, requires_names[i])) return (int)i + 1;
+    return -1;
 }
 
 int32_t sp_qtype_from_name(const char *name) {

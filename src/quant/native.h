@@ -215,6 +215,18 @@ int32_t sp_qtype_from_name(const char *name);
 /* True for ids in the native range that name a type. */
 bool sp_qtype_is_native(uint32_t t);
 
+/* What a file's sparrow.requires must name for a tensor of type t
+ * (docs/FORMAT.md): 0 nothing (ggml's types), 1 native-types-1, 2
+ * native-types-2 (L8 scales), 3 native-types-3 (the resident layouts).  A
+ * file names the highest level of its tensors; each level reads the ones
+ * below. */
+int sp_native_requires_level(uint32_t t);
+/* "native-types-N" for level N in 1..3, NULL for 0 (no key). */
+const char *sp_native_requires_name(int level);
+/* The level a sparrow.requires value names, or -1 for a value this
+ * version does not know. */
+int sp_native_requires_parse(const char *value);
+
 /* Quantize n_rows rows of n_per_row floats (row-major) into type t.  With imp
  * != NULL (n_per_row non-negative weights, one per input channel), scales and
  * rounding minimise sum_i imp[i] * (w_i - q_i)^2 per block; with NULL, the
@@ -241,9 +253,9 @@ sp_status sp_native_pack_block(uint32_t t, const int32_t *code, int nv, float d,
 
 /* ---- resident g4 layouts --------------------------------------------------
  * The symmetric 64-blocks with FP16 scales (mem4's i3_b64, i4_b64, i6_b64)
- * regrouped for the decode kernels, a resident layout only (quant.h): the
- * pager makes it in place when it loads weights, files never hold it and
- * no type name resolves to it.  Per group of 4 blocks (256 elements, the
+ * regrouped for the decode kernels, a resident layout (quant.h): the
+ * pager makes it in place when it loads weights, or a file stores it
+ * (`sparrow convert`, docs/FORMAT.md); no type name resolves to it.  Per group of 4 blocks (256 elements, the
  * bytes of the 4 file blocks, rows whole groups):
  *   - the 4 FP16 scales, block order (8 bytes);
  *   - pair 0 (blocks 0 and 2), then pair 1 (blocks 1 and 3), 16 * bits
@@ -267,6 +279,11 @@ sp_status sp_native_pack_block(uint32_t t, const int32_t *code, int nv, float d,
 void sp_native_g4_repack_i3(void *rows, int64_t n_rows, int64_t n, size_t stride);
 void sp_native_g4_repack_i4(void *rows, int64_t n_rows, int64_t n, size_t stride);
 void sp_native_g4_repack_i6(void *rows, int64_t n_rows, int64_t n, size_t stride);
+/* The inverses: a group back to its 4 file blocks, exactly (a permutation
+ * of bytes and, for INT3, of the 1-bit planes' bits). */
+void sp_native_g4_unrepack_i3(void *rows, int64_t n_rows, int64_t n, size_t stride);
+void sp_native_g4_unrepack_i4(void *rows, int64_t n_rows, int64_t n, size_t stride);
+void sp_native_g4_unrepack_i6(void *rows, int64_t n_rows, int64_t n, size_t stride);
 void sp_native_g4_to_float_i3(const void *restrict src, float *restrict dst, int64_t n);
 void sp_native_g4_to_float_i4(const void *restrict src, float *restrict dst, int64_t n);
 void sp_native_g4_to_float_i6(const void *restrict src, float *restrict dst, int64_t n);

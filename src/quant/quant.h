@@ -15,6 +15,8 @@
 #ifndef SP_QUANT_H
 #define SP_QUANT_H
 
+#include "sparrow.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -38,9 +40,10 @@ enum sp_qtype {
     SP_QTYPE_COUNT = 31
 };
 
-/* Q4_0 repacked by groups of 8 blocks, a resident layout only: the pager
- * makes it from Q4_0 in place when it loads weights (sp_pager_wtype), files
- * never hold it and no type name resolves to it.  Per 256 elements, 144
+/* Q4_0 repacked by groups of 8 blocks, a resident layout: the pager makes
+ * it from Q4_0 in place when it loads weights (sp_pager_wtype), or a native
+ * file stores it (`sparrow convert`, docs/FORMAT.md); no type name resolves
+ * to it.  Per 256 elements, 144
  * bytes as 8 Q4_0 blocks: the 8 fp16 scales (block order), then 4 vectors of
  * 32 bytes in which dword k of vector m is bytes 4m..4m+3 of block k's qs.
  * Its id lies in the native range (native.h) so traits.c keeps its kernels
@@ -48,8 +51,9 @@ enum sp_qtype {
 #define SP_QTYPE_Q4_0_G8 1149u
 #define SP_QK_G8 256 /* elements per group */
 /* Q4_K with each super-block's quant bytes turned for decode, a resident
- * layout only: the pager makes it from Q4_K in place when it loads weights
- * (sp_pager_wtype); files never hold it and no type name resolves to it.
+ * layout: the pager makes it from Q4_K in place when it loads weights
+ * (sp_pager_wtype), or a native file stores it; no type name resolves to
+ * it.
  * Per 256 elements the 144 bytes of a Q4_K super-block: d, dmin and the 12
  * scale bytes as Q4_K, then 4 vectors of 32 bytes in which dword k of
  * vector m holds elements 4m..4m+3 of sub-block k (32 elements) in its low
@@ -110,6 +114,23 @@ uint32_t sp_qtype_resident_from(uint32_t r);
 /* Repack n_rows rows of n elements (n a multiple of r's block), stride
  * bytes apart, from r's file type to resident layout r in place. */
 void sp_qtype_repack(uint32_t r, void *rows, int64_t n_rows, int64_t n, size_t stride);
+/* The inverse: rows of resident layout r back to r's file type, in place,
+ * byte for byte (the fallback for a file that stores r where the kernel
+ * table lacks r's kernels). */
+void sp_qtype_unrepack(uint32_t r, void *rows, int64_t n_rows, int64_t n, size_t stride);
+/* Whether the kernel table reads resident layout r here: it has r's gemm
+ * (x86 with AVX2, where AMX did not take the file type's prefill; not on
+ * AArch64, not under SPARROW_ISA=ref or SPARROW_REPACK=0). */
+bool sp_qtype_layout_here(uint32_t r);
+/* The resident layout of file type t the kernel table reads here for rows
+ * of n elements (sp_qtype_layout_here, n whole blocks of it), or 0. */
+uint32_t sp_qtype_resident_here(uint32_t t, int64_t n);
+/* The type a writer stores a matrix of type t (rows of n elements) as under
+ * layout l (enum sp_layout, sparrow.h): NONE t's file type, AUTO the
+ * resident layout of that file type the kernels read here (else the file
+ * type), RESIDENT its resident layout wherever rows are whole groups of it.
+ * t may itself be a resident layout (it is reduced to its file type). */
+uint32_t sp_qtype_stored(uint32_t t, int64_t n, enum sp_layout l);
 
 /* "F32", "Q4_K", ... or NULL for unknown ids. */
 const char *sp_qtype_name(uint32_t t);

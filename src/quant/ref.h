@@ -83,6 +83,9 @@ void sp_vec_dot_q4_k_g8_q8_k_ref(int64_t n, float *restrict s, const void *restr
  * rows of n elements (a multiple of 256), stride bytes apart, in place. */
 void sp_q4_0_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
 void sp_q4_k_g8_repack(void *rows, int64_t n_rows, int64_t n, size_t stride);
+/* Their inverses (sp_qtype_unrepack): the file type's bytes back, exactly. */
+void sp_q4_0_g8_unrepack(void *rows, int64_t n_rows, int64_t n, size_t stride);
+void sp_q4_k_g8_unrepack(void *rows, int64_t n_rows, int64_t n, size_t stride);
 void sp_vec_dot_q5_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 void sp_vec_dot_q6_k_q8_k_ref(int64_t n, float *restrict s, const void *restrict w, const void *restrict x);
 

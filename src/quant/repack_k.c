@@ -65,6 +65,19 @@ static void g8k_unturn(const struct sp_block_q4_k *g, struct sp_block_q4_k *out)
     }
 }
 
+/* The inverse of sp_q4_k_g8_repack, in place: a permutation of nibbles. */
+void sp_q4_k_g8_unrepack(void *rows, int64_t n_rows, int64_t n, size_t stride) {
+    assert(n % SP_QK_K == 0);
+    for (int64_t r = 0; r < n_rows; r++) {
+        struct sp_block_q4_k *b = (struct sp_block_q4_k *)((uint8_t *)rows + (size_t)r * stride);
+        for (int64_t i = 0; i < n / SP_QK_K; i++) {
+            struct sp_block_q4_k t;
+            g8k_unturn(&b[i], &t);
+            b[i] = t;
+        }
+    }
+}
+
 void sp_q4_k_g8_to_float_ref(const void *restrict src, float *restrict dst, int64_t n) {
     assert(n % SP_QK_K == 0);
     const struct sp_block_q4_k *g = src;

@@ -80,16 +80,18 @@ static const struct {
     uint32_t id;
     uint32_t from; /* the file type it is made from */
     void (*repack)(void *rows, int64_t n_rows, int64_t n, size_t stride);
+    void (*unrepack)(void *rows, int64_t n_rows, int64_t n, size_t stride);
     struct sp_qtraits ref;
 } resident[] = {
-    {SP_QTYPE_Q4_0_G8, SP_QTYPE_Q4_0, sp_q4_0_g8_repack,
+    {SP_QTYPE_Q4_0_G8, SP_QTYPE_Q4_0, sp_q4_0_g8_repack, sp_q4_0_g8_unrepack,
      {.name = "Q4_0_g8", .block_elems = SP_QK_G8, .block_bytes = 144, .vec_dot_type = SP_QTYPE_Q8_0,
       .to_float = sp_q4_0_g8_to_float_ref, .vec_dot = sp_vec_dot_q4_0_g8_q8_0_ref}},
-    {SP_QTYPE_Q4_K_G8, SP_QTYPE_Q4_K, sp_q4_k_g8_repack,
+    {SP_QTYPE_Q4_K_G8, SP_QTYPE_Q4_K, sp_q4_k_g8_repack, sp_q4_k_g8_unrepack,
      {.name = "Q4_K_g8", .block_elems = SP_QK_K, .block_bytes = 144, .vec_dot_type = SP_QTYPE_Q8_K,
       .to_float = sp_q4_k_g8_to_float_ref, .vec_dot = sp_vec_dot_q4_k_g8_q8_k_ref}},
 #define G4_RESIDENT(b, bytes)                                                                                        \
     {SP_QTYPE_I##b##_B64_G4, SP_NATIVE_ID(SP_NK_I##b, 1, SP_NS_F16), sp_native_g4_repack_i##b,                         \
+     sp_native_g4_unrepack_i##b,                                                                                     \
      {.name = "i" #b "_b64_g4", .block_elems = SP_QK_G4, .block_bytes = bytes,                                      \
       .vec_dot_type = (enum sp_qtype)SP_QTYPE_X8, .to_float = sp_native_g4_to_float_i##b,                          \
       .vec_dot = sp_native_g4_vec_dot_i##b}},
@@ -169,6 +171,14 @@ void sp_quant_init(void) {
         sp_quant_register_native_neon(ntable, &f);
     }
 #endif
+    /* SPARROW_REPACK=0: no resident layout's kernels -- the pager repacks
+     * nothing, and a file storing layouts takes the fallback (un-repacked to
+     * the file types; tests, and A/B measurements). */
+    {
+        const char *rp = getenv("SPARROW_REPACK");
+        if (rp && !strcmp(rp, "0"))
+            for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++) ntable[resident[k].id - SP_QTYPE_NATIVE_FIRST].gemm = NULL;
+    }
     atomic_store(&table_ready, 1);
 }
 
@@ -202,6 +212,27 @@ uint32_t sp_qtype_resident_from(uint32_t r) {
 void sp_qtype_repack(uint32_t r, void *rows, int64_t n_rows, int64_t n, size_t stride) {
     for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++)
         if (r == resident[k].id) resident[k].repack(rows, n_rows, n, stride);
+}
+
+void sp_qtype_unrepack(uint32_t r, void *rows, int64_t n_rows, int64_t n, size_t stride) {
+    for (size_t k = 0; k < SP_ARRAY_LEN(resident); k++)
+        if (r == resident[k].id) resident[k].unrepack(rows, n_rows, n, stride);
+}
+
+bool sp_qtype_layout_here(uint32_t r) {
+    const struct sp_qtraits *tr = sp_qtype_resident_from(r) ? sp_qtraits_get(r) : NULL;
+    return tr && tr->gemm;
+}
+
+uint32_t sp_qtype_resident_here(uint32_t t, int64_t n) {
+    const uint32_t r = sp_qtype_resident(t);
+    return r && sp_qtype_layout_here(r) && n > 0 && n % sp_qtraits_ref(r)->block_elems == 0 ? r : 0;
+}
+
+uint32_t sp_qtype_stored(uint32_t t, int64_t n, enum sp_layout l) {
+    const uint32_t base = sp_qtype_resident_from(t) ? sp_qtype_resident_from(t) : t;
+    const uint32_t r = l == SP_LAYOUT_AUTO ? sp_qtype_resident_here(base, n) : l == SP_LAYOUT_RESIDENT ? sp_qtype_resident(base) : 0;
+    return r && n > 0 && n % sp_qtraits_ref(r)->block_elems == 0 ? r : base;
 }
 
 const char *sp_qtype_name(uint32_t t) {

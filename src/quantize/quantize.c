@@ -44,7 +44,7 @@ struct sp_quantize_params sp_quantize_default_params(void) {
                                        .prune_heads = 0, .merge_kv_heads = 0, .n_threads = 0};
 }
 
-static double now_s(void) {
+double sp_quantize_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -79,6 +79,7 @@ static bool source_type_ok(uint32_t t) {
 struct qtensor {
     const struct sp_tensor_desc *src;
     uint32_t type;
+    uint32_t store;         /* the type written: type, or its resident layout (params.layout) */
     uint32_t n_dims;
     int64_t ne[4];          /* output shape */
     int64_t rows;           /* ne[1] * ne[2] * ne[3] */
@@ -99,7 +100,8 @@ struct job {
     struct sp_scale_plan *scale;
     struct qtensor *q;      /* (n) */
     uint32_t n;
-    bool native, native_l8, ggml_quant; /* native_l8: an L8 type is used (native-types-2) */
+    bool native, ggml_quant;
+    int requires;           /* sparrow.requires level of the stored types (sp_native_requires_level) */
     uint64_t n_params, bytes;
     int32_t n_gptq;         /* tensors rounded with error feedback */
 };
@@ -172,8 +174,12 @@ static sp_status plan_tensors(struct job *J) {
         if ((rc = choose_type(J, q))) break;
         q->row_bytes = sp_qtype_row_bytes(q->type, q->ne[0]);
         SP_ASSERT(q->row_bytes > 0);
+        /* matrices in the resident layout asked for; never the input embedding, read by rows */
+        const bool matrix = q->n_dims >= 2 && q->rows > 1 && t != J->m->tok_embd;
+        q->store = matrix ? sp_qtype_stored(q->type, q->ne[0], J->P->layout) : q->type;
+        SP_ASSERT(sp_qtype_row_bytes(q->store, q->ne[0]) == q->row_bytes);
         J->native |= sp_qtype_is_native(q->type);
-        J->native_l8 |= sp_native_layout(q->type) && sp_native_layout(q->type)->l8;
+        J->requires = SP_MAX(J->requires, sp_native_requires_level(q->store));
         J->ggml_quant |= !sp_qtype_is_native(q->type) && q->type != SP_QTYPE_F32 && q->type != SP_QTYPE_F16 &&
                          q->type != SP_QTYPE_BF16;
         J->n_params += (uint64_t)(q->rows * q->ne[0]);
@@ -223,8 +229,7 @@ static sp_status plan_importance(struct job *J) {
 
 /* Keys the output sets itself, never copied from the input. */
 static bool own_key(const char *k) {
-    return !strcmp(k, "general.alignment") || !strcmp(k, "general.file_type") ||
-           !strcmp(k, "general.quantization_version") || !strcmp(k, "sparrow.requires") ||
+    return sp_model_file_layout_key(k) || !strcmp(k, "general.file_type") || !strcmp(k, "general.quantization_version") ||
            !strncmp(k, "sparrow.quant.", 14) || !strncmp(k, "sparrow.prune.", 14) || !strncmp(k, "sparrow.fold.", 13);
 }
 
@@ -239,7 +244,7 @@ static const char *base_name(const char *path) {
     } while (0)
 
 /* A llama2.c checkpoint has no metadata: write what the GGUF loader reads. */
-static sp_status meta_from_llama2c(struct sp_gguf_writer *w, const struct sp_model_file *mf) {
+sp_status sp_quantize_meta_llama2c(struct sp_gguf_writer *w, const struct sp_model_file *mf) {
     const struct sp_hparams *hp = &mf->hp;
     const struct sp_vocab_data *vd = &mf->vocab;
     sp_status rc;
@@ -296,7 +301,7 @@ static sp_status write_meta(struct sp_gguf_writer *w, const struct job *J) {
     const struct sp_hparams *hp = &mf->hp;
     sp_status rc = SP_OK;
     if (mf->kind == SP_FILE_LLAMA2C) {
-        TRY(meta_from_llama2c(w, mf));
+        TRY(sp_quantize_meta_llama2c(w, mf));
     } else {
         for (uint64_t i = 0; i < mf->n_meta; i++) {
             if (own_key(mf->meta[i].key)) continue;
@@ -316,7 +321,8 @@ static sp_status write_meta(struct sp_gguf_writer *w, const struct job *J) {
     }
     if (J->fold.factor) TRY(sp_gguf_writer_set_u32(w, K("attention.head_count_kv"), J->fold.n_kv_out));
 #undef K
-    if (J->native) TRY(sp_gguf_writer_set_str(w, "sparrow.requires", J->native_l8 ? "native-types-2" : "native-types-1"));
+    if (J->requires) TRY(sp_gguf_writer_set_str(w, "sparrow.requires", sp_native_requires_name(J->requires)));
+    if (J->P->layout != SP_LAYOUT_NONE) TRY(sp_gguf_writer_set_str(w, "sparrow.layout", "resident"));
     if (J->ggml_quant) TRY(sp_gguf_writer_set_u32(w, "general.quantization_version", 2));
     TRY(sp_gguf_writer_set_str(w, "sparrow.quant.policy", J->policy->name));
     TRY(sp_gguf_writer_set_f32(w, "sparrow.quant.bpw", (float)((double)J->bytes * 8.0 / (double)J->n_params)));
@@ -560,6 +566,7 @@ static sp_status write_tensor(struct job *J, uint32_t i, struct sp_gguf_writer *
                          .deq = b->deq, .acc = b->acc};
         sp_pool_run(pool, slab_task, &s);
         for (int k = 0; k < b->nth && !rc; k++) rc = b->acc[k].rc;
+        if (!rc && q->store != q->type) sp_qtype_repack(q->store, b->dst, nr, q->ne[0], q->row_bytes);
         if (!rc) rc = sp_gguf_writer_write(w, b->dst, (size_t)nr * q->row_bytes);
     }
     const bool fed_back = g != NULL || rows;
@@ -589,7 +596,7 @@ static sp_status write_tensor(struct job *J, uint32_t i, struct sp_gguf_writer *
     }
     if (!J->P->on_tensor) return SP_OK;
     struct sp_quantize_tensor_report rep = {
-        .index = (int32_t)i, .count = (int32_t)J->n, .name = q->src->name, .type = type_name(q->type),
+        .index = (int32_t)i, .count = (int32_t)J->n, .name = q->src->name, .type = type_name(q->store),
         .n_dims = (int32_t)q->n_dims, .bytes = (uint64_t)q->rows * q->row_bytes,
         .rel_rmse = tot.s2 > 0 ? sqrt(tot.se / tot.s2) : 0.0,
         .rel_rmse_imp = q->imp && tot.ws2 > 0 ? sqrt(tot.wse / tot.ws2) : -1.0, .note = q->note};
@@ -611,6 +618,7 @@ static sp_status check_params(const struct sp_quantize_params *P) {
     if (!P || !P->input || !*P->input || !P->output || !*P->output) {
         return sp_err(SP_E_INVALID, "sp_quantize: input and output paths are required");
     }
+    if ((unsigned)P->layout >= SP_LAYOUT_COUNT) return sp_err(SP_E_INVALID, "sp_quantize: unknown layout %d", (int)P->layout);
     if (P->n_threads < 0 || P->n_threads > 1024) {
         return sp_err(SP_E_INVALID, "sp_quantize: n_threads %d out of range [0, 1024]", (int)P->n_threads);
     }
@@ -660,7 +668,7 @@ static sp_status measure_output(const char *path, struct sp_quantize_result *r) 
 }
 
 sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantize_result *out) {
-    const double t0 = now_s();
+    const double t0 = sp_quantize_now_s();
     sp_status rc = check_params(params);
     if (rc) return rc;
     const struct sp_quantize_params *P = params;
@@ -718,7 +726,7 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
     if ((rc = write_meta(w, &J))) goto done;
     for (uint32_t i = 0; i < J.n; i++) {
         const struct qtensor *q = &J.q[i];
-        if ((rc = sp_gguf_writer_add_tensor(w, q->src->name, q->type, q->n_dims, q->ne))) goto done;
+        if ((rc = sp_gguf_writer_add_tensor(w, q->src->name, q->store, q->n_dims, q->ne))) goto done;
     }
     if ((rc = sp_pool_init(nth, &pool)) || (rc = buffers_alloc(&J, nth, &b))) goto done;
     for (uint32_t i = 0; i < J.n; i++) {
@@ -733,7 +741,7 @@ sp_status sp_quantize(const struct sp_quantize_params *params, struct sp_quantiz
     res.n_scaled = J.scale ? J.scale->n_scaled : 0;
     res.n_gptq = J.n_gptq;
     if ((rc = measure_output(P->output, &res))) goto done;
-    res.seconds = now_s() - t0;
+    res.seconds = sp_quantize_now_s() - t0;
     if (out) *out = res;
 
 done:

@@ -9,6 +9,8 @@
  *   gptq.c     rounding with error feedback over the input covariance
  *   quantize.c the driver: reads the input through the pager, cuts, scales,
  *              quantizes and streams the GGUF writer (format/gguf.h).
+ *   convert.c  sp_convert: the same tensors out, matrices in the resident
+ *              layouts the kernels read, to be mapped in place.
  * docs/QUANT.md describes policies, calibration, pruning, folding and the
  * output file.
  */
@@ -19,6 +21,14 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+
+/* Seconds of a monotonic clock (timings in reports). */
+double sp_quantize_now_s(void);
+
+/* Write the metadata the GGUF loader reads for a llama2.c checkpoint mf
+ * (architecture, hyper-parameters, vocabulary), which has none of its own. */
+struct sp_gguf_writer;
+sp_status sp_quantize_meta_llama2c(struct sp_gguf_writer *w, const struct sp_model_file *mf);
 
 /* ---- policies ------------------------------------------------------------
  * A policy is an ordered list of rules "PATTERN TYPE": the first rule whose

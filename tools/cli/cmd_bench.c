@@ -60,7 +60,8 @@ void help_bench(FILE *f) {
             CLI_HELP_CACHE_TYPES
             "      --weights MODE      how resident weights are held: auto, mmap (pointers\n"
             "                          into the file mapping) or load (read into anonymous,\n"
-            "                          huge-page memory) (default: auto)\n"
+            "                          huge-page memory) (default: auto: mmap for a file\n"
+            "                          'sparrow convert' wrote, load for others)\n"
             "      --mem-budget SIZE   keep at most SIZE resident (binary units: 7.5G); adds\n"
             "                          mem_budget_bytes to the JSON.  expert_hit_rate (MoE:\n"
             "                          expert slices found cached) and prefetch_accuracy\n"

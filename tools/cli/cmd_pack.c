@@ -12,20 +12,13 @@
 #include <string.h>
 #include <unistd.h>
 
-static volatile sig_atomic_t pkg_interrupted;
-
-static void pkg_on_signal(int sig) {
-    (void)sig;
-    pkg_interrupted = 1;
-}
-
 struct pkg_progress {
     struct progress bar;
 };
 
 static bool pkg_progress_cb(uint64_t done, uint64_t total, void *user) {
     struct pkg_progress *pr = user;
-    if (pkg_interrupted) return false;
+    if (cli_interrupted) return false;
     progress_draw(&pr->bar, done, total);
     return true;
 }
@@ -76,12 +69,7 @@ void pkg_init(struct pkg_cli *c, const char *cmd) {
 
 int pkg_run(struct pkg_cli *c, sp_status (*fn)(struct pkg_cli *c), const char *target) {
     sp_log_set(cli_log, &log_verbose);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = pkg_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    catch_interrupts();
     struct pkg_progress pr;
     progress_init(&pr.bar, c->quiet);
     c->p.progress = pkg_progress_cb;
@@ -90,7 +78,7 @@ int pkg_run(struct pkg_cli *c, sp_status (*fn)(struct pkg_cli *c), const char *t
     const sp_status rc = fn(c);
     progress_done(&pr.bar);
     if (rc != SP_OK) {
-        if (pkg_interrupted) {
+        if (cli_interrupted) {
             fprintf(stderr, "sparrow: %s: interrupted; '%s' was left as it was\n", c->cmd, target);
             return EXIT_RUNTIME;
         }

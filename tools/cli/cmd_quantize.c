@@ -63,6 +63,9 @@ void help_quantize(FILE *f) {
                "                          group's; G must divide the KV heads; shrinks the KV\n"
                "                          cache by their count / G (no retraining: the model\n"
                "                          changes; --policy f32 measures the fold alone)\n"
+               "      --layout L          none: the types as chosen (default); auto / resident:\n"
+               "                          matrices stored in resident layouts, to be mapped and\n"
+               "                          used in place ('sparrow convert --help')\n"
                "      --tokenizer FILE    llama2.c input: its tokenizer (default: tokenizer.bin\n"
                "                          beside it); a GGUF input has its own: refused\n"
                "  -t, --threads N         threads, 1..%d (default: the online CPUs, %d here)\n"
@@ -75,12 +78,6 @@ void help_quantize(FILE *f) {
             MAX_THREADS, default_threads());
 }
 
-static volatile sig_atomic_t quantize_interrupted;
-static void quantize_on_signal(int sig) {
-    (void)sig;
-    quantize_interrupted = 1;
-}
-
 struct quantize_ui {
     int quiet, tty;
     bool line_open; /* a '\r' progress line waits for its end */
@@ -91,7 +88,7 @@ struct quantize_ui {
  * line redrawn per step, otherwise a line a second at most (and the last). */
 static bool quantize_progress(const char *stage, int32_t done, int32_t total, void *user) {
     struct quantize_ui *ui = user;
-    if (quantize_interrupted) return false;
+    if (cli_interrupted) return false;
     if (ui->quiet) return true;
     const double t = now_s();
     if (ui->tty) {
@@ -109,7 +106,7 @@ static bool quantize_progress(const char *stage, int32_t done, int32_t total, vo
 
 static bool quantize_report(const struct sp_quantize_tensor_report *r, void *user) {
     struct quantize_ui *ui = user;
-    if (quantize_interrupted) return false;
+    if (cli_interrupted) return false;
     if (ui->quiet) return true;
     if (ui->line_open) fputc('\n', stderr);
     ui->line_open = false;
@@ -167,24 +164,14 @@ int cmd_quantize(int argc, char **argv) {
             p.prune_heads = (int32_t)parse_int(&a, opt_value(&a), 0, 1 << 20);
         } else if (opt_is(&a, NULL, "--merge-kv-heads")) {
             p.merge_kv_heads = (int32_t)parse_int(&a, opt_value(&a), 1, 1 << 20);
+        } else if (opt_is(&a, NULL, "--layout")) {
+            p.layout = parse_layout(&a, opt_value(&a));
         } else if (opt_is(&a, NULL, "--tokenizer")) {
             p.tokenizer_path = opt_value(&a);
         } else if (opt_is(&a, "-t", "--threads")) {
             p.n_threads = (int32_t)parse_int(&a, opt_value(&a), 1, MAX_THREADS);
-        } else if (opt_is(&a, "-q", "--quiet")) {
-            opt_no_value(&a);
-            ui.quiet = 1;
-        } else if (opt_is(&a, "-v", "--verbose")) {
-            opt_no_value(&a);
-            log_verbose = 1;
-        } else if (is_option(arg)) {
-            unknown_option(&a);
-        } else if (!p.input) {
-            p.input = arg;
-        } else if (!p.output) {
-            p.output = arg;
-        } else {
-            usage_error(a.cmd, "unexpected argument '%s' (one IN and one OUT)", arg);
+        } else if (!quiet_verbose_opt(&a, &ui.quiet)) {
+            in_out_arg(&a, arg, &p.input, &p.output);
         }
     }
     if (!p.input || !p.output) usage_error(a.cmd, "IN and OUT are required (see 'sparrow quantize --help')");
@@ -199,12 +186,7 @@ int cmd_quantize(int argc, char **argv) {
     }
 
     sp_log_set(cli_log, &log_verbose);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = quantize_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    catch_interrupts();
     p.on_tensor = quantize_report;
     p.on_progress = quantize_progress;
     p.user = &ui;
@@ -212,7 +194,7 @@ int cmd_quantize(int argc, char **argv) {
     struct sp_quantize_result res;
     sp_status rc = sp_quantize(&p, &res);
     if (rc != SP_OK) {
-        if (quantize_interrupted) {
+        if (cli_interrupted) {
             fprintf(stderr, "sparrow: quantize: interrupted; '%s' was not written\n", p.output);
             return EXIT_RUNTIME;
         }

@@ -106,12 +106,6 @@ static int synth_list(void) {
     return EXIT_OK;
 }
 
-static volatile sig_atomic_t synth_interrupted;
-static void synth_on_signal(int sig) {
-    (void)sig;
-    synth_interrupted = 1;
-}
-
 /* Progress bar state: on a terminal the line is redrawn with '\r' a few
  * times a second; otherwise a line is printed every 10%. */
 struct synth_progress {
@@ -120,7 +114,7 @@ struct synth_progress {
 
 static bool synth_progress_cb(uint64_t done, uint64_t total, void *user) {
     struct synth_progress *pr = user;
-    if (synth_interrupted) return false;
+    if (cli_interrupted) return false;
     progress_draw(&pr->bar, done, total);
     return true;
 }
@@ -192,12 +186,7 @@ int cmd_synth(int argc, char **argv) {
     const char *what = p.type ? p.type : p.policy ? p.policy : p.policy_file;
 
     sp_log_set(cli_log, &log_verbose);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = synth_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    catch_interrupts();
 
     struct synth_progress pr;
     progress_init(&pr.bar, quiet);
@@ -211,7 +200,7 @@ int cmd_synth(int argc, char **argv) {
     sp_status rc = sp_synth(&p);
     progress_done(&pr.bar);
     if (rc != SP_OK) {
-        if (synth_interrupted) {
+        if (cli_interrupted) {
             fprintf(stderr, "sparrow: synth: interrupted; '%s' was not written\n", p.path);
             return EXIT_RUNTIME;
         }

@@ -18,6 +18,7 @@ SP_CLI_COMMAND(bench);
 SP_CLI_COMMAND(plan);
 SP_CLI_COMMAND(eval);
 SP_CLI_COMMAND(quantize);
+SP_CLI_COMMAND(convert);
 SP_CLI_COMMAND(pack);
 SP_CLI_COMMAND(install);
 SP_CLI_COMMAND(diff);
@@ -27,6 +28,9 @@ SP_CLI_COMMAND(edit);
 SP_CLI_COMMAND(template);
 SP_CLI_COMMAND(serve);
 #undef SP_CLI_COMMAND
+
+/* --layout auto|resident|none (cmd_convert.c; quantize takes it too): exits on an unknown name. */
+enum sp_layout parse_layout(struct argp *a, const char *v);
 
 /* ---- what the package commands share (cmd_pack.c) ---------------------------- */
 struct pkg_cli {

@@ -35,6 +35,8 @@ static void help_main(FILE *f) {
             "  eval       measure quality: perplexity on a text, KL divergence and top-1\n"
             "             agreement against a reference model\n"
             "  quantize   write a smaller model: mixed-precision types, calibration, pruning\n"
+            "  convert    write a model in the layouts this CPU's kernels read, to be mapped\n"
+            "             and used in place (start-up without copying the weights)\n"
             "  pack       pack a GGUF into a model package (.spk): zstd shards, SHA-256 manifest\n"
             "  install    install a package as the GGUF that was packed\n"
             "  diff       write the patch (.spkd) from one model to another\n"
@@ -75,6 +77,7 @@ static const struct {
     {"plan", cmd_plan, help_plan},
     {"eval", cmd_eval, help_eval},
     {"quantize", cmd_quantize, help_quantize},
+    {"convert", cmd_convert, help_convert},
     {"pack", cmd_pack, help_pack},
     {"install", cmd_install, help_install},
     {"diff", cmd_diff, help_diff},

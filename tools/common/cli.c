@@ -204,6 +204,43 @@ int is_option(const char *arg) {
     return arg[0] == '-' && arg[1] != '\0'; /* "-" alone is an argument (stdin) */
 }
 
+void in_out_arg(struct argp *a, const char *arg, const char **in, const char **out) {
+    if (is_option(arg)) unknown_option(a);
+    if (!*in) *in = arg;
+    else if (!*out) *out = arg;
+    else usage_error(a->cmd, "unexpected argument '%s' (one IN and one OUT)", arg);
+}
+
+int quiet_verbose_opt(struct argp *a, int *quiet) {
+    if (opt_is(a, "-q", "--quiet")) {
+        opt_no_value(a);
+        *quiet = 1;
+        return 1;
+    }
+    if (opt_is(a, "-v", "--verbose")) {
+        opt_no_value(a);
+        log_verbose = 1;
+        return 1;
+    }
+    return 0;
+}
+
+volatile sig_atomic_t cli_interrupted;
+
+static void on_interrupt(int sig) {
+    (void)sig;
+    cli_interrupted = 1;
+}
+
+void catch_interrupts(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 /* ---- small utilities ----------------------------------------------------------- */
 
 double now_s(void) {

@@ -11,6 +11,7 @@
 
 #include "sparrow.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -68,6 +69,15 @@ uint64_t parse_size(struct argp *a, const char *s);
 double parse_num(struct argp *a, const char *s, double lo, double hi, int lo_open);
 void unknown_option(struct argp *a) __attribute__((noreturn));
 int is_option(const char *arg);
+/* A command's positional IN and OUT (quantize, convert): arg fills *in, then
+ * *out; an option or a third argument is a usage error (exits). */
+void in_out_arg(struct argp *a, const char *arg, const char **in, const char **out);
+/* -q / --quiet (sets *quiet) and -v / --verbose (log_verbose): 1 when argv[i] was one. */
+int quiet_verbose_opt(struct argp *a, int *quiet);
+/* Ctrl-C and SIGTERM set cli_interrupted instead of ending the process, for
+ * commands whose library call polls it (a progress callback) and cleans up. */
+extern volatile sig_atomic_t cli_interrupted;
+void catch_interrupts(void);
 /* The session options run, bench, plan share: -t, -c, -b, -ctk, -ctv,
  * --kv-type (both).
  * Returns 1 when argv[i] was one of them. */
