@@ -17,6 +17,10 @@
 
 #include <float.h>
 
+/* test_tq's hashes of decoded blocks (see there) */
+#define TQ_HASH_KEYS 0x86cdf1b88ec3f7c8ull
+#define TQ_HASH_VALUES 0xdcd6b5ad1150395full
+
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void) {
     rng_state ^= rng_state << 13;
@@ -163,6 +167,167 @@ static void test_types(void) {
     md = 0;
     for (int c = 0; c < 64; c++) md = fmaxf(md, fabsf(back[c] - back2[c]));
     CHECKF(md < 1e-5f, "output_fix(rows_to_float) vs row_load: %g", md);
+}
+
+/* ---- q4h's trellis code: the vector variants against the reference ---------------- */
+
+static uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* FNV-1a over the bits of n floats. */
+static uint64_t hash_floats(const float *y, int n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < n; i++) {
+        const uint32_t u = bits_of(y[i]);
+        for (int k = 0; k < 4; k++) h = (h ^ (u >> 8 * k & 0xffu)) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* A block of kind k (adversarial ones first): x (32 floats). */
+static void tq_block(int k, int value, float *x) {
+    const float mags[] = {1.0f, 1e-3f, 40.0f, 1e-38f, 3e18f, 1e30f};
+    switch (k) {
+    case 0: /* zeros */
+        memset(x, 0, 32 * sizeof *x);
+        break;
+    case 1: /* one hot */
+        memset(x, 0, 32 * sizeof *x);
+        x[rnd() % 32] = (rnd() & 1 ? -1.0f : 1.0f) * (0.5f + fabsf(gauss()));
+        break;
+    case 2: /* a constant */
+        for (int j = 0; j < 32; j++) x[j] = 0.75f;
+        break;
+    case 3: /* alternating signs */
+        for (int j = 0; j < 32; j++) x[j] = j % 2 ? -1.0f : 1.0f;
+        break;
+    case 4: /* exactly a code's levels: ties everywhere */
+    case 5: { /* and a hair off them */
+        uint8_t b[32];
+        for (int i = 0; i < 32; i++) b[i] = (uint8_t)rnd();
+        b[0] = (uint8_t)(b[0] | 0x80u), b[1] = (uint8_t)(b[1] & 0xfcu) | 1u; /* a scale near 1 */
+        sp_kv_tq_decode(value, b, x);
+        if (k == 5)
+            for (int j = 0; j < 32; j++) x[j] += 1e-4f * gauss();
+        break;
+    }
+    case 6: /* repeated values */
+        for (int j = 0; j < 32; j++) x[j] = (float)(int)(3.0f * gauss()) * 0.25f;
+        break;
+    case 7: /* a NaN among finite values */
+        for (int j = 0; j < 32; j++) x[j] = gauss();
+        x[rnd() % 32] = NAN;
+        break;
+    default: { /* Gaussian at magnitudes whose squares underflow or overflow, an outlier sometimes */
+        const float m = mags[(unsigned)k % SP_ARRAY_LEN(mags)];
+        for (int j = 0; j < 32; j++) x[j] = m * gauss();
+        if (k % 3 == 0) x[rnd() % 32] *= 8.0f;
+        break;
+    }
+    }
+}
+
+/* A variant's search, decoding and (through the search) encoding against
+ * the reference's: the same bits. */
+static void tq_check(const char *name, const struct sp_attn_kernels *k) {
+    const struct sp_attn_kernels *r = sp_attn_kernels_ref();
+    int searches = 0, encodes = 0, decodes = 0;
+    for (int value = 0; value < 2; value++) {
+        const struct sp_kv_tq_code *q = sp_kv_tq_code_get(value);
+        /* decoding: random bytes (every bit string is a block), 1..5 blocks */
+        static uint8_t src[5 * 32];
+        static float y1[5 * 32], y2[5 * 32];
+        for (int it = 0; it < 400; it++) {
+            const int n = 1 + it % 5;
+            for (int i = 0; i < n * q->bytes; i++) src[i] = it == 0 ? 0 : it == 1 ? 0xff : (uint8_t)rnd();
+            r->tq_decode(q, src, y1, n);
+            k->tq_decode(q, src, y2, n);
+            CHECKF(memcmp(y1, y2, (size_t)n * 32 * sizeof *y1) == 0, "%s tq_decode %s, %d blocks (case %d): not the "
+                   "reference's floats", name, value ? "values" : "keys", n, it);
+            decodes += n;
+        }
+        /* the search at scales an encoder tries, and odd ones */
+        for (int it = 0; it < 600; it++) {
+            float x[32];
+            tq_block(it < 8 ? it : 8 + (int)(rnd() % 40), value, x);
+            float amax = 0;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+            const float base = amax > 0 && isfinite(amax) ? amax / 100.0f : 1.0f;
+            const float ds[] = {base, -base * 0.9f, base * (0.5f + fabsf(frand())), 0.0f, INFINITY, NAN, 1e-30f, 3e38f};
+            for (size_t di = 0; di < (it < 50 ? SP_ARRAY_LEN(ds) : 3); di++) {
+                uint8_t c1[32], c2[32];
+                memset(c1, 0xee, sizeof c1), memset(c2, 0xdd, sizeof c2);
+                const float e1 = r->tq_search(q, x, ds[di], c1), e2 = k->tq_search(q, x, ds[di], c2);
+                const float e3 = k->tq_search(q, x, ds[di], NULL);
+                CHECKF(bits_of(e1) == bits_of(e2) && bits_of(e1) == bits_of(e3) && memcmp(c1, c2, 32) == 0,
+                       "%s tq_search %s, block %d, d %g: error %g / %g / %g (codes %s)", name,
+                       value ? "values" : "keys", it, (double)ds[di], (double)e1, (double)e2, (double)e3,
+                       memcmp(c1, c2, 32) ? "differ" : "equal");
+                searches++;
+            }
+            if (it < 100 || it % 10 == 0) {
+                uint8_t b1[32], b2[32];
+                sp_kv_tq_encode_with(r->tq_search, value, x, b1);
+                sp_kv_tq_encode_with(k->tq_search, value, x, b2);
+                CHECKF(memcmp(b1, b2, (size_t)q->bytes) == 0, "%s encode %s, block %d: not the reference's bytes",
+                       name, value ? "values" : "keys", it);
+                encodes++;
+            }
+        }
+    }
+    printf("  q4h's trellis code, %s: %d searches, %d encodes, %d decoded blocks as the reference\n", name, searches,
+           encodes, decodes);
+}
+
+static void test_tq(void) {
+    for (int value = 0; value < 2; value++) {
+        const struct sp_kv_tq_code *q = sp_kv_tq_code_get(value);
+        int bits = SP_KV_TQ_SCALE_BITS;
+        for (int j = 0; j < SP_KV_TQ_N; j++) {
+            CHECK(q->lev[j] == q->base + q->off[j]);
+            bits += q->bits[j];
+        }
+        CHECK(bits == 8 * q->bytes && (size_t)q->bytes == sp_kv_tq_block_bytes(value));
+    }
+    /* decoding never changes: saved sessions hold the codes.  The hashes of
+     * blocks of pseudo-random bytes decoded by the code of 2026-12-02 (the
+     * first trellis code, session file version 3). */
+    static const uint64_t want[2] = {TQ_HASH_KEYS, TQ_HASH_VALUES};
+    for (int value = 0; value < 2; value++) {
+        uint64_t st = 0x2545f4914f6cdd1dull, h = 0;
+        for (int b = 0; b < 64; b++) {
+            uint8_t src[32];
+            float y[32];
+            for (int i = 0; i < 32; i++) {
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                src[i] = (uint8_t)(st >> 56);
+            }
+            sp_kv_tq_decode(value, src, y);
+            h ^= hash_floats(y, 32) + (uint64_t)b;
+        }
+        CHECKF(h == want[value], "q4h %s: decoding changed (hash %016llx, want %016llx)", value ? "values" : "keys",
+               (unsigned long long)h, (unsigned long long)want[value]);
+    }
+    tq_check("ref", sp_attn_kernels_ref()); /* the harness itself */
+    const struct sp_cpu_features *f = sp_cpu_features();
+    struct sp_attn_kernels t = *sp_attn_kernels_ref();
+#if defined(__x86_64__)
+    if (f->avx2 && f->fma) {
+        sp_attn_register_avx2(&t, f);
+        CHECK(t.tq_search != sp_attn_kernels_ref()->tq_search && t.tq_decode != sp_attn_kernels_ref()->tq_decode);
+        tq_check("avx2", &t);
+    }
+#elif defined(__aarch64__)
+    sp_attn_register_neon(&t, f);
+    if (t.tq_search != sp_attn_kernels_ref()->tq_search || t.tq_decode != sp_attn_kernels_ref()->tq_decode)
+        tq_check("neon", &t);
+#else
+    (void)f;
+    (void)t;
+#endif
 }
 
 /* ---- kernels --------------------------------------------------------------------- */
@@ -604,6 +769,7 @@ static void test_attention(void) {
 int main(void) {
     sp_quant_init();
     test_types();
+    test_tq();
     test_kernels();
     test_wide_kernels();
     test_cells();

@@ -82,11 +82,12 @@ void sp_kv_row_store(enum sp_kv_type t, const float *x, void *dst, int32_t hd) {
         SP_ASSERT(hd > 0 && hd % SP_KV_ROT_BLOCK == 0 && hd <= SP_KV_MAX_HEAD_DIM);
         const int val = t == SP_KV_Q4H_V;
         const size_t bb = sp_kv_tq_block_bytes(val);
+        const sp_kv_tq_search_fn search = sp_attn_kernels_get()->tq_search;
         float r[SP_KV_ROT_BLOCK];
         for (int32_t b = 0; b < hd; b += SP_KV_ROT_BLOCK) {
             memcpy(r, x + b, sizeof r);
             sp_kv_rotate(r);
-            sp_kv_tq_encode(val, r, (uint8_t *)dst + (size_t)(b / SP_KV_ROT_BLOCK) * bb);
+            sp_kv_tq_encode_with(search, val, r, (uint8_t *)dst + (size_t)(b / SP_KV_ROT_BLOCK) * bb);
         }
         return;
     }
@@ -100,17 +101,16 @@ void sp_kv_row_store(enum sp_kv_type t, const float *x, void *dst, int32_t hd) {
     sp_qtraits_get(ti->qtype)->from_float(x, dst, hd);
 }
 
-/* n blocks of q4h's code (value rows: val) -> F32, rotated */
-static void tq_row_decode(int val, const void *src, float *x, int32_t hd) {
-    const size_t bb = sp_kv_tq_block_bytes(val);
-    for (int32_t b = 0; b < hd; b += SP_KV_ROT_BLOCK)
-        sp_kv_tq_decode(val, (const uint8_t *)src + (size_t)(b / SP_KV_ROT_BLOCK) * bb, x + b);
+/* a row of q4h's code (value rows: val) -> F32, rotated (the dispatched
+ * decoding: the reference's floats) */
+static void tq_row_decode(const struct sp_attn_kernels *k, int val, const void *src, float *x, int32_t hd) {
+    k->tq_decode(sp_kv_tq_code_get(val), src, x, hd / SP_KV_ROT_BLOCK);
 }
 
 void sp_kv_row_load(enum sp_kv_type t, const void *src, float *x, int32_t hd) {
     if (is_tq(t)) {
         SP_ASSERT(hd > 0 && hd % SP_KV_ROT_BLOCK == 0);
-        tq_row_decode(t == SP_KV_Q4H_V, src, x, hd);
+        tq_row_decode(sp_attn_kernels_get(), t == SP_KV_Q4H_V, src, x, hd);
         for (int32_t b = 0; b < hd; b += SP_KV_ROT_BLOCK) sp_kv_unrotate(x + b);
         return;
     }
@@ -121,7 +121,8 @@ void sp_kv_row_load(enum sp_kv_type t, const void *src, float *x, int32_t hd) {
 
 void sp_kv_rows_to_float(enum sp_kv_type t, const void *const *rows, int32_t n, int32_t hd, float *out) {
     if (is_tq(t)) {
-        for (int32_t r = 0; r < n; r++) tq_row_decode(t == SP_KV_Q4H_V, rows[r], out + (size_t)r * hd, hd);
+        const struct sp_attn_kernels *k = sp_attn_kernels_get();
+        for (int32_t r = 0; r < n; r++) tq_row_decode(k, t == SP_KV_Q4H_V, rows[r], out + (size_t)r * hd, hd);
         return;
     }
     const struct sp_kv_type_info *ti = &kv_types[t];
@@ -227,9 +228,19 @@ void sp_attn_accum_t_ref(const float *restrict st, int32_t nqp, int32_t nq, cons
     }
 }
 
-static const struct sp_attn_kernels ref_kernels = {NULL, NULL, sp_attn_scores_ref,   sp_attn_accum_ref,   sp_attn_exp_ref,
-                                                   sp_attn_scores_t_ref, sp_attn_softmax_t_ref, sp_attn_accum_t_ref,
-                                                   1};
+static const struct sp_attn_kernels ref_kernels = {
+    .scores_rows = NULL,
+    .accum_rows = NULL,
+    .scores = sp_attn_scores_ref,
+    .accum = sp_attn_accum_ref,
+    .exp = sp_attn_exp_ref,
+    .scores_t = sp_attn_scores_t_ref,
+    .softmax_t = sp_attn_softmax_t_ref,
+    .accum_t = sp_attn_accum_t_ref,
+    .wide_pad = 1,
+    .tq_search = sp_kv_tq_search_ref,
+    .tq_decode = sp_kv_tq_decode_ref,
+};
 static struct sp_attn_kernels kernels;
 static atomic_int kernels_ready;
 

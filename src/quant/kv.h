@@ -34,6 +34,7 @@
 
 #include "core/core.h"
 #include "core/cpu.h"
+#include "quant/kv_tq.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -165,6 +166,11 @@ struct sp_attn_kernels {
     sp_attn_softmax_t_fn softmax_t;
     sp_attn_accum_t_fn accum_t;
     int32_t wide_pad; /* nqp of the wide path is a multiple of this (<= SP_KV_WIDE_PAD_MAX) */
+    /* q4h's row code (kv_tq.h): the trellis search its store runs for each
+     * scale it tries, and the decoding of a row's blocks (row load and the
+     * tile conversion); both give the reference's bits */
+    sp_kv_tq_search_fn tq_search;
+    sp_kv_tq_decode_fn tq_decode;
 };
 #define SP_KV_WIDE_PAD_MAX 64
 

@@ -29,39 +29,48 @@
  * levels (scripts/kv_tq_train.c).
  */
 #include "kv.h"
+#include "kv_tq.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "kv_tq_tables.inc"
 
-#define TQ_N 32          /* values per block */
-#define TQ_SCALE_BITS 10 /* the scale's bits, first in the block */
+#define TQ_N SP_KV_TQ_N
+#define TQ_SCALE_BITS SP_KV_TQ_SCALE_BITS
 #define TQ_SCALE_BIAS 369
-#define TQ_MAXC 32 /* codes per position at most (5 bits) */
-
-struct tq_code {
-    int32_t bytes;          /* bytes per block */
-    uint8_t bits[TQ_N];     /* code bits of position j */
-    const float *lev[TQ_N]; /* levels of position j: lev[j][prev << bits[j] | code] */
-};
+#define TQ_MAXC SP_KV_TQ_MAXC
 
 /* The positions' code sizes and tables of the two codes. */
-static const struct tq_code tq_codes[2] = {
+static const struct sp_kv_tq_code tq_codes[2] = {
     {19,
      {5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 4, 4, 4, 4},
-     {tq_k_05, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45,
-      tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54,
-      tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_44, tq_k_44, tq_k_44, tq_k_44}},
+     {tq_k_05, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54,
+      tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_45, tq_k_54,
+      tq_k_45, tq_k_54, tq_k_45, tq_k_54, tq_k_44, tq_k_44, tq_k_44, tq_k_44},
+     tq_levels,
+     {TQ_K_05_OFF, TQ_K_54_OFF, TQ_K_45_OFF, TQ_K_54_OFF, TQ_K_45_OFF, TQ_K_54_OFF, TQ_K_45_OFF, TQ_K_54_OFF,
+      TQ_K_45_OFF, TQ_K_54_OFF, TQ_K_45_OFF, TQ_K_54_OFF, TQ_K_45_OFF, TQ_K_54_OFF, TQ_K_45_OFF, TQ_K_54_OFF,
+      TQ_K_45_OFF, TQ_K_54_OFF, TQ_K_45_OFF, TQ_K_54_OFF, TQ_K_45_OFF, TQ_K_54_OFF, TQ_K_45_OFF, TQ_K_54_OFF,
+      TQ_K_45_OFF, TQ_K_54_OFF, TQ_K_45_OFF, TQ_K_54_OFF, TQ_K_44_OFF, TQ_K_44_OFF, TQ_K_44_OFF, TQ_K_44_OFF}},
     {17,
      {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 3, 3},
-     {tq_v_04, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44,
-      tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44,
-      tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_43, tq_v_33}},
+     {tq_v_04, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44,
+      tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44,
+      tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_44, tq_v_43, tq_v_33},
+     tq_levels,
+     {TQ_V_04_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF,
+      TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF,
+      TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF,
+      TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_44_OFF, TQ_V_43_OFF, TQ_V_33_OFF}}
 };
 
 size_t sp_kv_tq_block_bytes(int value) {
     return (size_t)tq_codes[value ? 1 : 0].bytes;
+}
+
+const struct sp_kv_tq_code *sp_kv_tq_code_get(int value) {
+    return &tq_codes[value ? 1 : 0];
 }
 
 /* 2^(k / 16), k = 0..15, as float bits (the mantissa of the scale). */
@@ -69,7 +78,7 @@ static const uint32_t tq_frac16[16] = {0x3f800000u, 0x3f85aac3u, 0x3f8b95c2u, 0x
                                        0x3fa5fed7u, 0x3fad583fu, 0x3fb504f3u, 0x3fbd08a4u, 0x3fc5672au, 0x3fce248cu,
                                        0x3fd744fdu, 0x3fe0ccdfu, 0x3feac0c7u, 0x3ff5257du};
 
-static float tq_scale(uint32_t s) {
+float sp_kv_tq_scale(uint32_t s) {
     const uint32_t m = s & 511u;
     if (m == 0) return 0.0f;
     /* (m - 369) / 16 = (m - 1) / 16 - 23: exponent and sixteenths */
@@ -102,26 +111,34 @@ static void put_bits(uint8_t *b, uint32_t off, uint32_t n, uint32_t v) {
     }
 }
 
-void sp_kv_tq_decode(int value, const uint8_t *src, float *y) {
-    const struct tq_code *q = &tq_codes[value ? 1 : 0];
-    const float d = tq_scale(get_bits(src, 0, 8) | get_bits(src, 8, 2) << 8);
-    uint32_t off = TQ_SCALE_BITS, prev = 0;
-    for (int j = 0; j < TQ_N; j++) {
-        const uint32_t n = q->bits[j], c = get_bits(src, off, n);
-        y[j] = d * q->lev[j][prev << n | c];
-        off += n;
-        prev = c;
+void sp_kv_tq_decode_ref(const struct sp_kv_tq_code *q, const uint8_t *src, float *y, int32_t n) {
+    for (int32_t b = 0; b < n; b++, src += q->bytes, y += TQ_N) {
+        const float d = sp_kv_tq_scale(get_bits(src, 0, 8) | get_bits(src, 8, 2) << 8);
+        uint32_t off = TQ_SCALE_BITS, prev = 0;
+        for (int j = 0; j < TQ_N; j++) {
+            const uint32_t nb = q->bits[j], c = get_bits(src, off, nb);
+            y[j] = d * q->lev[j][prev << nb | c];
+            off += nb;
+            prev = c;
+        }
     }
 }
 
+void sp_kv_tq_decode(int value, const uint8_t *src, float *y) {
+    sp_kv_tq_decode_ref(&tq_codes[value ? 1 : 0], src, y, 1);
+}
+
 /* The codes of the least squared error at scale d (a Viterbi search over
- * the trellis); returns that error. */
-static float tq_search(const struct tq_code *q, const float *x, float d, uint8_t *code) {
+ * the trellis); returns that error (kv_tq.h).  Each term is its own
+ * statements (d * level, difference, square, sum), so that no compiler
+ * contracts them into an FMA the vector variants do not use. */
+float sp_kv_tq_search_ref(const struct sp_kv_tq_code *q, const float *x, float d, uint8_t *code) {
     float cost[TQ_MAXC], nc[TQ_MAXC];
     uint8_t from[TQ_N][TQ_MAXC];
     const uint32_t n0 = 1u << q->bits[0];
     for (uint32_t c = 0; c < n0; c++) {
-        const float r = x[0] - d * q->lev[0][c];
+        const float t = d * q->lev[0][c];
+        const float r = x[0] - t;
         cost[c] = r * r;
     }
     for (int j = 1; j < TQ_N; j++) {
@@ -131,7 +148,10 @@ static float tq_search(const struct tq_code *q, const float *x, float d, uint8_t
             float best = INFINITY;
             uint32_t bs = 0;
             for (uint32_t s = 0; s < np; s++) {
-                const float r = x[j] - d * lev[s << nb | c], v = cost[s] + r * r;
+                const float t = d * lev[s << nb | c];
+                const float r = x[j] - t;
+                const float r2 = r * r;
+                const float v = cost[s] + r2;
                 if (v < best) {
                     best = v;
                     bs = s;
@@ -147,6 +167,7 @@ static float tq_search(const struct tq_code *q, const float *x, float d, uint8_t
     for (uint32_t c = 1; c < n; c++)
         if (cost[c] < cost[bc]) bc = c;
     const float e = cost[bc];
+    if (!code) return e;
     for (int j = TQ_N - 1; j >= 0; j--) {
         code[j] = (uint8_t)bc;
         bc = j ? from[j][bc] : 0;
@@ -155,7 +176,7 @@ static float tq_search(const struct tq_code *q, const float *x, float d, uint8_t
 }
 
 /* The least-squares scale for fixed codes (0 if every level is 0). */
-static float tq_refit(const struct tq_code *q, const float *x, const uint8_t *code) {
+static float tq_refit(const struct sp_kv_tq_code *q, const float *x, const uint8_t *code) {
     float a = 0.0f, b = 0.0f;
     for (int j = 0; j < TQ_N; j++) {
         const float l = q->lev[j][(j ? (uint32_t)code[j - 1] : 0u) << q->bits[j] | code[j]];
@@ -168,11 +189,44 @@ static float tq_refit(const struct tq_code *q, const float *x, const uint8_t *co
 /* Scale candidates: the block's largest value mapped to the lowest and the
  * highest level of position 0, times 1 + (k - 3) / 14 for k = 0..6, each
  * searched and refitted twice; the best scale is then rounded to the two
- * neighbouring scale codes, and the better of the two is stored. */
+ * neighbouring scale codes, and the better of the two is stored.
+ *
+ * A chain of search and refit is a function of its scale alone, so chains
+ * that meet (two starts refitted to the same float, common: they end on
+ * the same codes) would repeat each other's searches from there on, with
+ * the same errors, which change nothing (only a strictly smaller error
+ * does).  The encoder remembers each scale it searched with how many
+ * searches its chain ran from it, and ends a chain that reaches one it has
+ * run at least as far: the same bytes as running every chain out. */
 #define TQ_CANDIDATES 7
+#define TQ_CHAIN 3 /* searches per chain */
 
-void sp_kv_tq_encode(int value, const float *x, uint8_t *dst) {
-    const struct tq_code *q = &tq_codes[value ? 1 : 0];
+struct tq_seen {
+    uint32_t n;
+    uint32_t d[2 * TQ_CANDIDATES * TQ_CHAIN]; /* a scale's bits */
+    int8_t left[2 * TQ_CANDIDATES * TQ_CHAIN]; /* searches its chain ran from it, its own included */
+};
+
+/* Whether a chain with `left` searches to go from d repeats one already run;
+ * records d otherwise. */
+static bool tq_seen(struct tq_seen *m, float d, int left) {
+    uint32_t u;
+    memcpy(&u, &d, 4);
+    for (uint32_t i = 0; i < m->n; i++) {
+        if (m->d[i] != u) continue;
+        if (m->left[i] >= left) return true;
+        m->left[i] = (int8_t)left;
+        return false;
+    }
+    if (m->n < SP_ARRAY_LEN(m->d)) {
+        m->d[m->n] = u;
+        m->left[m->n++] = (int8_t)left;
+    }
+    return false;
+}
+
+void sp_kv_tq_encode_with(sp_kv_tq_search_fn search, int value, const float *x, uint8_t *dst) {
+    const struct sp_kv_tq_code *q = &tq_codes[value ? 1 : 0];
     memset(dst, 0, (size_t)q->bytes);
     float amax = 0.0f, xm = 0.0f;
     for (int j = 0; j < TQ_N; j++) {
@@ -192,16 +246,20 @@ void sp_kv_tq_encode(int value, const float *x, uint8_t *dst) {
             hi = fmaxf(hi, q->lev[0][c]);
         }
         float best = INFINITY, bd = xm / hi;
+        struct tq_seen seen;
+        seen.n = 0;
         for (int end = 0; end < 2; end++) {
             for (int k = 0; k < TQ_CANDIDATES; k++) {
                 float d = xm / ((end ? hi : lo) * (1.0f + (float)(k - TQ_CANDIDATES / 2) / (2.0f * TQ_CANDIDATES)));
-                for (int it = 0; it < 3; it++) {
-                    const float e = tq_search(q, x, d, tmp);
+                for (int it = 0; it < TQ_CHAIN; it++) {
+                    if (tq_seen(&seen, d, TQ_CHAIN - it)) break;
+                    /* the last one's codes are not refitted */
+                    const float e = search(q, x, d, it < TQ_CHAIN - 1 ? tmp : NULL);
                     if (e < best) {
                         best = e;
                         bd = d;
                     }
-                    if (it == 2) break;
+                    if (it == TQ_CHAIN - 1) break;
                     const float dn = tq_refit(q, x, tmp);
                     if (!(dn != 0.0f) || !isfinite(dn)) break;
                     d = dn;
@@ -211,7 +269,7 @@ void sp_kv_tq_encode(int value, const float *x, uint8_t *dst) {
         best = INFINITY;
         for (int up = 0; up < 2; up++) {
             const uint32_t sc = tq_scale_code(bd, up);
-            const float e = tq_search(q, x, tq_scale(sc), tmp);
+            const float e = search(q, x, sp_kv_tq_scale(sc), tmp);
             if (e < best) {
                 best = e;
                 scode = sc;
@@ -225,4 +283,8 @@ void sp_kv_tq_encode(int value, const float *x, uint8_t *dst) {
         put_bits(dst, off, q->bits[j], code[j]);
         off += q->bits[j];
     }
+}
+
+void sp_kv_tq_encode(int value, const float *x, uint8_t *dst) {
+    sp_kv_tq_encode_with(sp_attn_kernels_get()->tq_search, value, x, dst);
 }

@@ -483,6 +483,91 @@ static void kv_accum_t_neon(const float *restrict st, int32_t nqp, int32_t nq, c
     }
 }
 
+/* ==========================================================================
+ * q4h's trellis search (quant/kv_tq.h): the next position's codes across
+ * the lanes (4 per vector, 8 to 32 codes: 2 to 8 vectors), the previous
+ * codes in a loop, each term as the reference computes it (d * level,
+ * difference, square, plus the previous cost: no FMA) and a strict
+ * less-than with a select (FMIN would pass a NaN on), so each lane keeps
+ * the reference's minimum and its first previous code.  The decoding stays
+ * on the reference (a table lookup per value; NEON has no gather).
+ * ========================================================================== */
+#include "quant/kv_tq.h"
+
+#define TQN_UPD(V)                                                                                                   \
+    do {                                                                                                             \
+        const float32x4_t t = vmulq_f32(dv, vld1q_f32(l + 4 * (V)));                                                 \
+        const float32x4_t r = vsubq_f32(xv, t);                                                                      \
+        const float32x4_t v = vaddq_f32(cs, vmulq_f32(r, r));                                                        \
+        const uint32x4_t lt = vcltq_f32(v, b[V]);                                                                    \
+        b[V] = vbslq_f32(lt, v, b[V]);                                                                               \
+        if (fr) ix[V] = vbslq_u32(lt, sv, ix[V]);                                                                    \
+    } while (0)
+
+#define TQN_STEP(NV)                                                                                                 \
+    do {                                                                                                             \
+        float32x4_t b[8];                                                                                            \
+        uint32x4_t ix[8];                                                                                            \
+        for (int v_ = 0; v_ < (NV); v_++) b[v_] = vdupq_n_f32(INFINITY), ix[v_] = vdupq_n_u32(0);                    \
+        for (uint32_t s = 0; s < np; s++) {                                                                          \
+            const float32x4_t cs = vdupq_n_f32(cp[s]);                                                               \
+            const uint32x4_t sv = vdupq_n_u32(s);                                                                    \
+            const float *l = lev + (s << nb);                                                                        \
+            for (int v_ = 0; v_ < (NV); v_++) TQN_UPD(v_);                                                           \
+        }                                                                                                            \
+        for (int v_ = 0; v_ < (NV); v_++) {                                                                          \
+            vst1q_f32(cn + 4 * v_, b[v_]);                                                                           \
+            if (fr) vst1q_u32(fr + 4 * v_, ix[v_]);                                                                  \
+        }                                                                                                            \
+    } while (0)
+
+static inline void tq_step_neon(const float *cp, uint32_t np, const float *lev, uint32_t nb, float x, float d,
+                                float *cn, uint32_t *fr) {
+    const float32x4_t xv = vdupq_n_f32(x), dv = vdupq_n_f32(d);
+    const uint32_t nv = (1u << nb) / 4;
+    if (nv == 2) TQN_STEP(2);
+    else if (nv == 4) TQN_STEP(4);
+    else TQN_STEP(8);
+}
+#undef TQN_STEP
+#undef TQN_UPD
+
+/* q: a code of 3- to 5-bit positions (tq_search_ok_neon). */
+static float tq_search_neon(const struct sp_kv_tq_code *q, const float *x, float d, uint8_t *code) {
+    float cost[2][SP_KV_TQ_MAXC];
+    uint32_t from[SP_KV_TQ_N][SP_KV_TQ_MAXC];
+    const uint32_t n0 = 1u << q->bits[0];
+    {
+        const float32x4_t dv = vdupq_n_f32(d), xv = vdupq_n_f32(x[0]);
+        for (uint32_t c = 0; c < n0; c += 4) {
+            const float32x4_t r = vsubq_f32(xv, vmulq_f32(dv, vld1q_f32(q->lev[0] + c)));
+            vst1q_f32(cost[0] + c, vmulq_f32(r, r));
+        }
+    }
+    int cur = 0;
+    for (int j = 1; j < SP_KV_TQ_N; j++, cur ^= 1)
+        tq_step_neon(cost[cur], 1u << q->bits[j - 1], q->lev[j], q->bits[j], x[j], d, cost[cur ^ 1],
+                     code ? from[j] : NULL);
+    const float *last = cost[cur];
+    const uint32_t n = 1u << q->bits[SP_KV_TQ_N - 1];
+    uint32_t bc = 0;
+    for (uint32_t c = 1; c < n; c++)
+        if (last[c] < last[bc]) bc = c;
+    const float e = last[bc];
+    if (!code) return e;
+    for (int j = SP_KV_TQ_N - 1; j >= 0; j--) {
+        code[j] = (uint8_t)bc;
+        bc = j ? from[j][bc] : 0;
+    }
+    return e;
+}
+
+static bool tq_search_ok_neon(const struct sp_kv_tq_code *q) {
+    for (int j = 0; j < SP_KV_TQ_N; j++)
+        if (q->bits[j] < 3 || q->bits[j] > 5) return false;
+    return true;
+}
+
 void sp_attn_register_neon(struct sp_attn_kernels *k, const struct sp_cpu_features *f) {
     if (!f->neon) return;
     k->scores = kv_scores_neon;
@@ -492,4 +577,6 @@ void sp_attn_register_neon(struct sp_attn_kernels *k, const struct sp_cpu_featur
     k->softmax_t = kv_softmax_t_neon;
     k->accum_t = kv_accum_t_neon;
     k->wide_pad = 16;
+    if (tq_search_ok_neon(sp_kv_tq_code_get(0)) && tq_search_ok_neon(sp_kv_tq_code_get(1)))
+        k->tq_search = tq_search_neon;
 }

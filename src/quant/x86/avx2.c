@@ -23,6 +23,7 @@ void sp_quant_register_native_avx2(struct sp_qtraits *ntable, const struct sp_cp
 
 #define SPX_KV_512 0
 #include "kv_kernels.inc"
+#include "kv_tq_avx2.inc"
 
 void sp_attn_register_avx2(struct sp_attn_kernels *k, const struct sp_cpu_features *f) {
     if (!f->avx2 || !f->fma) return;
@@ -35,4 +36,5 @@ void sp_attn_register_avx2(struct sp_attn_kernels *k, const struct sp_cpu_featur
     k->softmax_t = kv_softmax_t_avx2;
     k->accum_t = kv_accum_t_avx2;
     k->wide_pad = 16;
+    tq_install_avx2(k);
 }
