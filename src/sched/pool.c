@@ -100,17 +100,15 @@ static inline int tick_n(uint64_t t) { return (int)((t >> 16) & 0xffff); }
 static inline int tick_next(uint64_t t) { return (int)(t & 0xffff); }
 
 /* Claim and run indexes of the run whose generation is g until none is left
- * (invariant 1).  Returns how many this thread ran. */
-static int claim_and_run(struct sp_pool *p, uint32_t g) {
-    int ran = 0;
+ * (invariant 1). */
+static void claim_and_run(struct sp_pool *p, uint32_t g) {
     uint64_t t = atomic_load_explicit(&p->tick, memory_order_acquire);
     for (;;) {
-        if (tick_gen(t) != g || tick_next(t) >= tick_n(t)) return ran;
+        if (tick_gen(t) != g || tick_next(t) >= tick_n(t)) return;
         if (!atomic_compare_exchange_weak_explicit(&p->tick, &t, t + 1, memory_order_acquire, memory_order_acquire))
             continue; /* t reloaded */
         p->fn(p->arg, tick_next(t), tick_n(t));
         atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
-        ran++;
         t = atomic_load_explicit(&p->tick, memory_order_acquire);
     }
 }
