@@ -22,7 +22,8 @@
 # Needs: the Debian packages zstd and xdelta3 (apt-get install zstd xdelta3),
 # GNU time (/usr/bin/time, package time) for peak memory, python3, bc.
 # Environment: SPARROW (build/sparrow), THREADS (2), LAYER (7), REPS (5: apply and
-# install timings, the median), SPARROW_SCRATCH.
+# install timings, the median), SPARROW_SCRATCH, ALTERNATIVES (1; 0 skips
+# zstd and xdelta3, whose columns then read '-').
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 SPARROW=${SPARROW:-$root/build/sparrow}
@@ -74,16 +75,20 @@ for c in a b c; do
     sp=$(J "$W/d.json" "['patch_bytes']")
     changed=$(J "$W/d.json" "['changed_comp_bytes']")
     kinds="$(J "$W/d.json" "['n_ref']")/$(J "$W/d.json" "['n_whole']")/$(J "$W/d.json" "['n_delta']")"
-    set -- $(measure zstd -q -f -19 --long=31 --patch-from="$W/base.gguf" "$new" -o "$W/$c.zst")
-    zmk_s=$1 zmk_kib=$2
-    zs=$(stat -c %s "$W/$c.zst")
-    set -- $(measure zstd -q -f -d --long=31 --patch-from="$W/base.gguf" "$W/$c.zst" -o "$W/$c.unz")
-    zap_s=$1 zap_kib=$2
-    cmp -s "$W/$c.unz" "$new" || { echo "FAIL: zstd --patch-from did not round-trip"; fail=1; }
-    rm -f "$W/$c.unz"
-    set -- $(measure xdelta3 -e -f -9 -B 536870912 -s "$W/base.gguf" "$new" "$W/$c.xd3")
-    xd_s=$1 xd_kib=$2
-    xd=$(stat -c %s "$W/$c.xd3")
+    if [ "${ALTERNATIVES:-1}" = 1 ]; then
+        set -- $(measure zstd -q -f -19 --long=31 --patch-from="$W/base.gguf" "$new" -o "$W/$c.zst")
+        zmk_s=$1 zmk_kib=$2
+        zs=$(stat -c %s "$W/$c.zst")
+        set -- $(measure zstd -q -f -d --long=31 --patch-from="$W/base.gguf" "$W/$c.zst" -o "$W/$c.unz")
+        zap_s=$1 zap_kib=$2
+        cmp -s "$W/$c.unz" "$new" || { echo "FAIL: zstd --patch-from did not round-trip"; fail=1; }
+        rm -f "$W/$c.unz"
+        set -- $(measure xdelta3 -e -f -9 -B 536870912 -s "$W/base.gguf" "$new" "$W/$c.xd3")
+        xd_s=$1 xd_kib=$2
+        xd=$(stat -c %s "$W/$c.xd3")
+    else # ALTERNATIVES=0: Sparrow's own figures only (zstd -19 --patch-from takes ~10 min a case)
+        zmk_s=- zmk_kib=0 zs=- zap_s=- zap_kib=- xd_s=- xd_kib=- xd=-
+    fi
     # apply Sparrow's patch (GGUF -> GGUF) against a full install of the new package, both warm,
     # alternating, the median of REPS each (single runs on a shared machine are noise)
     cat "$W/base.gguf" "$W/$c.spkd" "$W/$c.spk" > /dev/null
