@@ -23,6 +23,10 @@
 #   LLAMA_REPS    llama-bench repetitions per call (-r; default 1)
 #   SPARROW_ARGS  extra arguments for `sparrow bench` (e.g. "--weights mmap")
 #   LLAMA_ARGS    extra arguments for llama-bench (e.g. "-fa off")
+#   LLAMA_COMPLETION  llama.cpp's llama-completion (optional): run once after the
+#                 rounds (-p "Once upon a time" -n 4 --perf), and its "load time" (from
+#                 its perf output: model load plus warm-up) is reported beside
+#                 Sparrow's load_s (llama-bench prints no load time)
 #   KEEP          a folder to keep the raw JSON and time(1) outputs in
 # Needs python3 (JSON) and GNU time at /usr/bin/time (Debian package `time`).
 set -eu
@@ -95,6 +99,15 @@ while [ "$r" -le "$ROUNDS" ]; do
         echo "compare.sh: llama-bench failed:" >&2; tail -n 20 "$tmp/llama.$r.err" >&2; exit 1; }
     r=$((r + 1))
 done
+if [ -n "${LLAMA_COMPLETION:-}" ]; then
+    [ -x "$LLAMA_COMPLETION" ] || { echo "compare.sh: LLAMA_COMPLETION='$LLAMA_COMPLETION' is not an executable" >&2; exit 2; }
+    echo "  llama-completion: load time ..." >&2
+    "$LLAMA_COMPLETION" -m "$MODEL" -p "Once upon a time" -n 4 -t "$THREADS" -no-cnv --seed 1 --perf </dev/null \
+        >"$tmp/completion.out" 2>"$tmp/completion.err" || {
+        echo "compare.sh: llama-completion failed:" >&2; tail -n 20 "$tmp/completion.err" >&2; exit 1; }
+    sed -n 's/.*load time = *\([0-9.]*\) ms.*/\1/p' "$tmp/completion.err" "$tmp/completion.out" | head -n 1 >"$tmp/peer_load"
+    [ -s "$tmp/peer_load" ] || { echo "compare.sh: no 'load time = X ms' in llama-completion's output" >&2; exit 1; }
+fi
 cut -d' ' -f1-3 /proc/loadavg >"$tmp/loadavg.end"
 echo "  membw: memory read bandwidth with $THREADS threads ..." >&2
 "$MEMBW" --threads "$THREADS" --json >"$tmp/membw.1.json"
@@ -157,7 +170,16 @@ print("| decode tok/s (tg%d) | %.2f | %.2f | %s | %s / %s |" % (sp[0]["n_gen"], 
 print("| decode ms/token | %.1f | %.1f | %s | |" % (1000.0 / s_tg, 1000.0 / p_tg, ratio(p_tg, s_tg)))
 print("| peak RSS MiB | %.0f | %.0f | %s | %s / %s |" % (s_rss / MiB, p_rss / MiB, ratio(s_rss, p_rss),
                                                         spread(col("peak_rss_bytes")), spread(ll_rss)))
-print("| load s (Sparrow: load + session) | %.2f | - | | %s / - |" % (med(col("load_s")), spread(col("load_s"))))
+pl = os.path.join(tmp, "peer_load")
+peer_load = float(open(pl).read().split()[0]) / 1000.0 if os.path.exists(pl) else None
+if peer_load is None:
+    print("| load s (Sparrow: load + session) | %.2f | - | | %s / - |" % (med(col("load_s")), spread(col("load_s"))))
+else:  # llama-completion's "load time": its model load and warm-up, one run
+    print("| load s (Sparrow: load + session; llama.cpp: llama-completion's load time, 1 run) | %.2f | %.2f | %s | %s / - |"
+          % (med(col("load_s")), peer_load, ratio(med(col("load_s")), peer_load), spread(col("load_s"))))
+if col("first_token_from_start_s"):
+    print("| process start to first token s (Sparrow) | %.2f | - | | %s / - |"
+          % (med(col("first_token_from_start_s")), spread(col("first_token_from_start_s"))))
 print("| time to first token s | %.2f | - | | %s / - |" % (med(col("ttft_s")), spread(col("ttft_s"))))
 print()
 print("memory bandwidth (membw, %d threads, %s loads, median of 5 passes; before / after the rounds): "

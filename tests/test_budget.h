@@ -42,6 +42,7 @@ static inline const char *tokenizer_for(const char *path) {
  * tight tuning, the envelope declaring those sessions, and create one
  * session.  NULL on failure (counted). */
 static enum sp_expert_cache expert_cache; /* the policy budgeted loads use */
+static uint32_t pinned_stall_ms; /* > 0: a slow start-up reader (sp_pager_tuning), the forward pass waits */
 
 static inline struct sp_model *load_tight_n(const char *path, uint64_t weights, struct sp_session **sess, int32_t n_seq) {
     struct sp_session_params sp = test_session();
@@ -65,7 +66,9 @@ static inline struct sp_model *load_tight_n(const char *path, uint64_t weights, 
     if (rc) return NULL;
     mp.mem_budget = (uint64_t)n_seq * pi.session_bytes + weights;
     if ((rc = sp_model_load(path, &mp, &m)) == SP_OK) {
-        sp_pager_tune(m->pager, &tight);
+        struct sp_pager_tuning tu = tight;
+        tu.pinned_stall_ms = pinned_stall_ms;
+        sp_pager_tune(m->pager, &tu);
         rc = sp_session_init(m, &sp, sess);
     }
     CHECKF(rc == SP_OK, "budgeted session on %s (%llu weight bytes): %s", path, (unsigned long long)weights,
@@ -128,6 +131,13 @@ static inline void forward_under_budget(const char *path, const char *rel, uint6
            pl ? pl->expert_slots : 0, ms.bytes_read / 1024.0, (unsigned long long)ms.misses,
            (unsigned long long)ms.prefetch_used, (unsigned long long)ms.prefetch_issued);
     CHECK(ms.budgeted && ms.bytes_read > (uint64_t)info.tensor_bytes / 2);
+    struct sp_pager_stats ps;
+    sp_pager_get_stats(m->pager, &ps);
+    if (pinned_stall_ms) { /* the first pass met tensors still being read, and waited for them */
+        CHECKF(ps.pinned_waits > 0, "%s: a slow start-up reader, yet no pin waited for a pinned tensor", rel);
+        printf("  %s: the last pinned tensors read %u ms late: %llu pins waited %.3f s for their pinned tensors\n", rel,
+               pinned_stall_ms, (unsigned long long)ps.pinned_waits, ps.pinned_wait_s);
+    }
     /* pinned tensors take their resident layout (quant.h) where the table
      * has one, streamed ones keep the file's; the logits above did not move */
     uint32_t relaid = 0, relaid_streamed = 0;

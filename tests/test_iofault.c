@@ -276,12 +276,13 @@ static void load_faults(const struct ref *r, uint64_t budget) {
     struct sp_model *m = load(r->path, budget, &rc);
     struct sp_session *s = NULL;
     if (rc == SP_OK) rc = sp_session_init(m, &sp, &s);
+    if (rc == SP_OK) rc = sp_pager_wait_pinned(m->pager); /* the start-up reads run on after the session is made */
     const uint64_t n_reads = sp_file_fault_calls();
     sp_file_fault_set(NULL);
     CHECKF(rc == SP_OK, "fault-free open of %s: %s", r->path, sp_last_error());
     sp_session_free(s);
     sp_model_free(m);
-    int runs = 0, open_err = 0, init_err = 0;
+    int runs = 0, open_err = 0, init_err = 0, late_err = 0;
     for (enum sp_fault_kind kind = SP_FAULT_EIO; kind < SP_FAULT_COUNT; kind++) {
         for (uint64_t at = 1; at <= n_reads; at++) {
             arm(kind, at, kind == SP_FAULT_EIO ? 0 : 1);
@@ -307,18 +308,24 @@ static void load_faults(const struct ref *r, uint64_t budget) {
                        sp_last_error());
             }
             if (s) {
+                /* a pinned tensor's read that failed after the session was
+                 * made (the start-up reads do not hold it up) fails the first
+                 * pin of it -- a clean SP_E_IO from sp_decode -- and the call
+                 * again, reads working, reads it afresh */
                 struct outcome o;
                 run_passes(s, r, false, &o);
-                CHECKF(o.rc == SP_OK && o.bad == 0, "kind %d at load read %llu: %d passes differ (%s)", (int)kind,
-                       (unsigned long long)at, o.bad, o.err);
+                CHECKF((o.rc == SP_OK || (kind == SP_FAULT_EIO && clean_io_error(o.rc, o.err, r->path))) && o.bad == 0,
+                       "kind %d at load read %llu: %d passes differ (status %d: %s)", (int)kind, (unsigned long long)at,
+                       o.bad, o.rc, o.err);
+                late_err += o.rc != SP_OK;
             }
             sp_session_free(s);
             sp_model_free(m);
         }
     }
     printf("  load: %llu reads to open, plan and pin; %d runs: %d opens and %d sessions refused cleanly (then "
-           "made again), every run's logits right\n",
-           (unsigned long long)n_reads, runs, open_err, init_err);
+           "made again), %d first decodes failed cleanly on a pinned read (then went on), every run's logits right\n",
+           (unsigned long long)n_reads, runs, open_err, init_err, late_err);
 }
 
 /* ---- 3. faults while streaming -------------------------------------------- */

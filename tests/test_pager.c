@@ -9,7 +9,9 @@
  *     through a few small slots are compared with direct reads of the file.
  *  3. The forward pass under a budget that streams nearly everything gives
  *     bit-identical logits to the unbudgeted run (F32 stories260K files), and
- *     the pager really read from storage while doing it.
+ *     the pager really read from storage while doing it; also with the
+ *     start-up reads of the pinned tensors slowed down, so that the first
+ *     pass waits for tensors still being read (sp_pager_tuning).
  */
 #include "sparrow.h"
 #include "test_budget.h"
@@ -363,6 +365,13 @@ int main(void) {
     test_forward_under_budget("models/stories260K-moe/stories260K-moe-f32.gguf", 1024 * 1024);
     test_forward_under_budget("models/tiny-qwen/tiny-qwen3moe-q8_0.gguf", 512 * 1024);
     expert_cache = SP_EXPERT_CACHE_AUTO;
+    /* the start-up pipeline: the pinned tensors read in forward
+     * order while the first pass runs, the last ones late: the pass waits for them
+     * (and its repack, Q4_K), the logits do not move */
+    pinned_stall_ms = 200;
+    test_forward_under_budget("models/stories260K-pad256/stories260K-pad256-q4_k_m.gguf", 384 * 1024);
+    test_forward_under_budget("models/tiny-qwen/tiny-qwen3moe-q8_0.gguf", 512 * 1024);
+    pinned_stall_ms = 0;
     test_too_small("models/stories260K/stories260K-f32.gguf");
     test_tiny_streams_untuned("models/stories260K-moe/stories260K-moe-f32.gguf", 7u << 20);
     test_tiny_streams_untuned("models/stories260K/stories260K-f32.gguf", 5u << 20);

@@ -183,6 +183,10 @@ for r in d["runs"]:
 for k in ["prefill_tps", "decode_tps", "peak_rss_bytes"]:
     assert sorted(r[k] for r in d["runs"])[1] == d[k], k
 assert abs(d["decode_ms_per_token"] * d["decode_tps"] - 1000) < 1e-3 * 1000 or len(d["runs"]) > 1
+# process start to the first sampled token: the first repetition's load and prompt, and more
+f = d["first_token_from_start_s"]
+r0 = d["runs"][0]
+assert f > 0 and f >= r0["load_s"] + r0["ttft_s"] and f < 600, "first_token_from_start_s = %r (run 1: load %r, ttft %r)" % (f, r0["load_s"], r0["ttft_s"])
 EOF
 then ok "bench --json: keys and values"; else bad "bench --json" "$(cat "$tmp/py")" "$(head -c 400 "$tmp/out")"; fi
 sp bench -m "$tmp/tiny-q4_0.gguf" -p 8 -n 0 -r 1 --cold --json

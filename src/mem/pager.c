@@ -18,8 +18,13 @@
  *     is never mapped: MMAP is not chosen for a file that has one, and the
  *     budgeted back end un-repacks it in every slot and pinned copy.
  *  4. Budgeted back end: all memory -- the pinned region and one block of
- *     slots for the three pools -- is allocated, touched and locked in
- *     sp_pager_apply, sized by the plan, and never grows.  Slot data is the
+ *     slots for the three pools -- is mapped in sp_pager_apply, sized by the
+ *     plan, and never grows; it is touched and locked by a thread of its own
+ *     (the locker) while the pinned tensors are read, in the forward pass's
+ *     order, by the I/O threads, and sp_pager_apply returns without waiting
+ *     for either: a pin of a pinned tensor waits until that tensor is read
+ *     (and repacked), so the first layers compute while later ones are still
+ *     being read (start-up pipeline, docs/MEMORY.md).  Slot data is the
  *     4 KiB-aligned file span around a unit, read by O_DIRECT (buffered +
  *     POSIX_FADV_DONTNEED where O_DIRECT is refused), so file pages do not
  *     pile up in the page cache outside the budget.
@@ -57,6 +62,7 @@
 #define ALIGN ((uint64_t)SP_PLAN_IO_ALIGN)
 #define IO_CHUNK ((uint64_t)8 << 20)
 #define DEFAULT_IO_THREADS 8u
+#define PINNED_STALLED 3u /* sp_pager_tuning.pinned_stall_ms slows the last this many pinned tensors' reads */
 #define X_WINDOW 128u /* expert slots the next-use policy ranks per eviction */
 
 enum slot_state { SLOT_FREE = 0, SLOT_LOADING, SLOT_READY, SLOT_ERROR };
@@ -89,6 +95,16 @@ struct io_req {
     uint64_t off, len; /* aligned file span */
     uint64_t need;     /* bytes that must arrive (the rest may be past EOF) */
     int32_t slot;      /* -1: part of the pinned-region load */
+    uint32_t tensor;   /* slot -1: the pinned tensor the span belongs to */
+};
+
+/* Pinned tensors of the budgeted back end while the start-up reads them. */
+enum { PIN_LOADING = 0, PIN_READY, PIN_ERROR };
+struct pin_state {
+    uint32_t pending;  /* chunk reads in flight (under mu) */
+    int err;           /* the first failed chunk's errno (under mu) */
+    uint64_t err_off;
+    uint32_t seq;      /* its place in the start-up order */
 };
 
 struct sp_pager {
@@ -130,9 +146,14 @@ struct sp_pager {
     uint64_t tick;
     struct io_req *q;       /* circular queue, capacity q_cap */
     uint32_t q_cap, q_head, q_len;
-    uint32_t pinned_pending;
-    int pinned_err;
-    uint64_t pinned_err_off;
+    uint32_t n_pinned;
+    uint32_t pinned_pending;        /* pinned tensors not READY or ERROR yet (under mu) */
+    struct pin_state *pstate;       /* (n_tensors) pinned tensors' reads */
+    atomic_uchar *pready;           /* (n_tensors) PIN_*: the pin's lock-free test */
+    uint64_t pinned_read_bytes;     /* file bytes of the pinned tensors' spans */
+    double t_apply;                 /* when the start-up reads began (now_s) */
+    pthread_t locker;               /* touches and locks the regions (lock_main) */
+    bool locker_started;
     pthread_t *io;
     uint32_t n_io;
     bool stop;
@@ -351,6 +372,41 @@ static int read_span(struct sp_pager *pg, uint8_t *dst, uint64_t off, uint64_t l
     return 0;
 }
 
+/* Repack or un-repack pinned tensor i once read (load_pinned's part, one
+ * tensor at a time): the types sp_pager_wtype reports were fixed when the
+ * plan was applied. */
+static void finish_pinned(struct sp_pager *pg, uint32_t i) {
+    const struct sp_tensor_desc *t = &pg->mf->tensors[i];
+    uint8_t *data = pg->pinned_region + (pg->tptr[i] - (const uint8_t *)pg->pinned_region);
+    const uint64_t rows = tensor_rows(t);
+    const size_t rb = sp_qtype_row_bytes(t->type, t->ne[0]);
+    if (pg->unpacked && pg->unpacked[i]) sp_qtype_unrepack(t->type, data, (int64_t)rows, t->ne[0], rb);
+    if (pg->wtype && pg->wtype[i]) sp_qtype_repack(pg->wtype[i], data, (int64_t)rows, t->ne[0], rb);
+}
+
+/* A chunk of pinned tensor i arrived (under mu; err: its read failed).  The
+ * last one finishes the tensor -- outside mu, it stays LOADING meanwhile --
+ * and wakes the pins waiting for it. */
+static void pinned_done(struct sp_pager *pg, uint32_t i, int err, uint64_t err_off) {
+    struct pin_state *ps = &pg->pstate[i];
+    if (err && !ps->err) {
+        ps->err = err;
+        ps->err_off = err_off;
+    }
+    SP_ASSERT(ps->pending > 0);
+    if (--ps->pending) return;
+    if (!ps->err) {
+        pthread_mutex_unlock(&pg->mu);
+        finish_pinned(pg, i);
+        pthread_mutex_lock(&pg->mu);
+    }
+    atomic_store_explicit(&pg->pready[i], ps->err ? PIN_ERROR : PIN_READY, memory_order_release);
+    if (--pg->pinned_pending == 0) {
+        SP_LOG_I("pager: pinned weights read (%.1f MiB) %.3f s after the plan was applied", pg->pinned_read_bytes / 1048576.0,
+                 now_s() - pg->t_apply);
+    }
+}
+
 static void *io_main(void *arg) {
     struct sp_pager *pg = arg;
     pthread_mutex_lock(&pg->mu);
@@ -366,7 +422,10 @@ static void *io_main(void *arg) {
         const struct sp_tensor_desc *ut = rs && pg->unpacked && pg->unpacked[rs->tensor] ? &pg->mf->tensors[rs->tensor] : NULL;
         uint8_t *udata = ut ? (uint8_t *)rs->data : NULL;
         const uint64_t ulen = ut ? rs->unit_len : 0;
+        const uint32_t stall_ms =
+            r.slot < 0 && pg->pstate[r.tensor].seq + PINNED_STALLED >= pg->n_pinned ? pg->tune.pinned_stall_ms : 0;
         pthread_mutex_unlock(&pg->mu);
+        if (stall_ms) nanosleep(&(struct timespec){.tv_sec = stall_ms / 1000, .tv_nsec = (long)(stall_ms % 1000) * 1000000L}, NULL);
         uint64_t err_off = 0;
         int err = read_span(pg, r.dst, r.off, r.len, r.need, &err_off);
         if (!err && ut) {
@@ -374,14 +433,10 @@ static void *io_main(void *arg) {
             sp_qtype_unrepack(ut->type, udata, (int64_t)(ulen / rb), ut->ne[0], rb);
         }
         pthread_mutex_lock(&pg->mu);
-        pg->st.bytes_read += err ? 0 : r.len;
         if (r.slot < 0) {
-            pg->pinned_pending--;
-            if (err && !pg->pinned_err) {
-                pg->pinned_err = err;
-                pg->pinned_err_off = err_off;
-            }
+            pinned_done(pg, r.tensor, err, err_off); /* may drop mu to repack */
         } else {
+            pg->st.bytes_read += err ? 0 : r.len; /* streaming only: the pinned reads are start-up */
             struct slot *s = &pg->slots[r.slot];
             s->state = err ? SLOT_ERROR : SLOT_READY;
             s->err = err;
@@ -641,58 +696,50 @@ static sp_status build_schedule(struct sp_pager *pg) {
     return SP_OK;
 }
 
-static sp_status alloc_locked(uint64_t size, uint8_t **out, const char *what) {
+/* Map a region of size bytes; the locker touches and locks it (lock_main),
+ * the reads write into it meanwhile. */
+static sp_status map_region(uint64_t size, uint8_t **out, const char *what) {
     *out = NULL;
     if (size == 0) return SP_OK;
-    void *m = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    void *m = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
         return sp_err(SP_E_NOMEM, "%s: cannot allocate %.1f MiB for %s: %s", __func__, size / 1048576.0, what,
                       strerror(errno));
-    }
-    if (mlock(m, (size_t)size) != 0) {
-        static atomic_int warned;
-        if (!atomic_exchange(&warned, 1)) {
-            SP_LOG_W("weights are not locked in memory (mlock: %s); the OS may swap them out. "
-                     "Raise RLIMIT_MEMLOCK (ulimit -l) or run with CAP_IPC_LOCK to lock them",
-                     strerror(errno));
-        }
     }
     *out = m;
     return SP_OK;
 }
 
-/* Read every pinned tensor into the pinned region with the I/O threads. */
-static sp_status load_pinned(struct sp_pager *pg) {
-    const struct sp_model_file *mf = pg->mf;
-    uint64_t cur = 0;
-    pthread_mutex_lock(&pg->mu);
-    for (uint32_t i = 0; i < mf->n_tensors; i++) {
-        const struct sp_tensor_desc *t = &mf->tensors[i];
-        if (pg->plan.t[i].place != SP_PLACE_PINNED) continue;
-        const uint64_t a = align_down(t->offset), end = t->offset + t->size;
-        const uint64_t len = align_up(end) - a;
-        SP_ASSERT(cur + len <= pg->pinned_size);
-        uint8_t *dst = pg->pinned_region + cur;
-        pg->tptr[i] = dst + (t->offset - a);
-        for (uint64_t o = 0; o < len; o += IO_CHUNK) {
-            const uint64_t n = SP_MIN(IO_CHUNK, len - o);
-            const uint64_t need = a + o + n <= end ? n : (end > a + o ? end - (a + o) : 0);
-            while (pg->q_len == pg->q_cap) pthread_cond_wait(&pg->cv_done, &pg->mu);
-            enqueue(pg, (struct io_req){.dst = dst + o, .off = a + o, .len = n, .need = need, .slot = -1}, false);
-            pg->pinned_pending++;
-        }
-        cur += len;
+/* Touch and lock [p, p + size): mlock faults every page in and keeps it;
+ * where locking is not allowed, MADV_POPULATE_WRITE faults them in without
+ * changing what the reads already wrote.  Never writes the memory. */
+static void touch_and_lock(uint8_t *p, uint64_t size) {
+    if (!size) return;
+    if (mlock(p, (size_t)size) == 0) return;
+    static atomic_int warned;
+    if (!atomic_exchange(&warned, 1)) {
+        SP_LOG_W("weights are not locked in memory (mlock: %s); the OS may swap them out. "
+                 "Raise RLIMIT_MEMLOCK (ulimit -l) or run with CAP_IPC_LOCK to lock them",
+                 strerror(errno));
     }
-    while (pg->pinned_pending) pthread_cond_wait(&pg->cv_done, &pg->mu);
-    const int err = pg->pinned_err;
-    pthread_mutex_unlock(&pg->mu);
-    if (err) {
-        return sp_err(SP_E_IO, "%s: '%s': reading the resident weights failed at offset %llu: %s", __func__, mf->path,
-                      (unsigned long long)pg->pinned_err_off, strerror(err));
-    }
-    unpack_stored(pg, NULL);
-    repack_resident(pg, NULL);
-    return SP_OK;
+#ifdef MADV_POPULATE_WRITE
+    (void)madvise(p, (size_t)size, MADV_POPULATE_WRITE);
+#endif
+}
+
+/* The locker: the pinned region (the reads are filling it), then the pools,
+ * touched and locked while the first layers are read and run -- not before
+ * the first read, as when every region was MAP_POPULATEd and mlocked first. */
+static void *lock_main(void *arg) {
+    struct sp_pager *pg = arg;
+    const double t0 = now_s();
+    touch_and_lock(pg->pinned_region, pg->pinned_size);
+    const double t1 = now_s();
+    touch_and_lock(pg->slot_region, pg->slot_size);
+    SP_LOG_I("pager: regions touched and locked: pinned %.1f MiB in %.3f s, pools %.1f MiB in %.3f s "
+             "(%.3f s after the plan was applied)",
+             pg->pinned_size / 1048576.0, t1 - t0, pg->slot_size / 1048576.0, now_s() - t1, now_s() - pg->t_apply);
+    return NULL;
 }
 
 /* The layer a tensor named "blk.N...." belongs to, or -1. */
@@ -701,6 +748,122 @@ static int32_t layer_of_name(const char *name) {
     char *end;
     const long l = strtol(name + 4, &end, 10);
     return end != name + 4 && *end == '.' && l >= 0 && l < 4096 ? (int32_t)l : -1;
+}
+
+/* Where pinned tensor i comes in the forward pass: the inputs (the token
+ * embedding) first, then layer by layer, each layer's tensors in the order
+ * the model listed (cfg.order) and the rest of the layer after, then what
+ * follows the last layer (output norm and head). */
+static uint64_t forward_rank(const struct sp_pager *pg, const uint32_t *pos, uint32_t i) {
+    const int32_t l = layer_of_name(pg->mf->tensors[i].name);
+    uint64_t group;
+    if (l >= 0) group = (uint64_t)l + 1;
+    else group = pos[i] < pg->cfg.n_order ? UINT32_MAX : 0; /* listed outside a layer: the output */
+    return group << 32 | (pos[i] < pg->cfg.n_order ? pos[i] : pg->cfg.n_order + i);
+}
+
+static const uint64_t *sort_rank; /* qsort's key, under start_lock */
+static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int cmp_rank(const void *a, const void *b) {
+    const uint64_t x = sort_rank[*(const uint32_t *)a], y = sort_rank[*(const uint32_t *)b];
+    return x < y ? -1 : x > y;
+}
+
+/* Queue the reads of pinned tensor i (under mu). */
+static void queue_pinned(struct sp_pager *pg, uint32_t i) {
+    const struct sp_tensor_desc *t = &pg->mf->tensors[i];
+    const uint64_t a = align_down(t->offset), end = t->offset + t->size;
+    const uint64_t len = align_up(end) - a;
+    uint8_t *dst = (uint8_t *)pg->tptr[i] - (t->offset - a);
+    struct pin_state *ps = &pg->pstate[i];
+    ps->err = 0;
+    ps->err_off = 0;
+    for (uint64_t o = 0; o < len; o += IO_CHUNK) {
+        const uint64_t n = SP_MIN(IO_CHUNK, len - o);
+        const uint64_t need = a + o + n <= end ? n : (end > a + o ? end - (a + o) : 0);
+        enqueue(pg, (struct io_req){.dst = dst + o, .off = a + o, .len = n, .need = need, .slot = -1, .tensor = i},
+                false);
+        ps->pending++;
+    }
+}
+
+/* The start-up reads: every pinned tensor, in the forward pass's order, by
+ * the I/O threads; nothing waits for them here (pin_pinned does). */
+static sp_status start_pinned(struct sp_pager *pg, uint32_t n_pinned) {
+    const struct sp_model_file *mf = pg->mf;
+    uint32_t *idx = sp_malloc((size_t)SP_MAX(n_pinned, 1u) * sizeof *idx);
+    uint32_t *pos = sp_malloc((size_t)mf->n_tensors * sizeof *pos);
+    uint64_t *rank = sp_malloc((size_t)mf->n_tensors * sizeof *rank);
+    if (!idx || !pos || !rank) {
+        sp_free(idx), sp_free(pos), sp_free(rank);
+        return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    }
+    for (uint32_t i = 0; i < mf->n_tensors; i++) pos[i] = UINT32_MAX;
+    for (uint32_t k = pg->cfg.n_order; k-- > 0;)
+        if (pg->cfg.order[k]) pos[pg->cfg.order[k] - mf->tensors] = k;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        if (pg->plan.t[i].place != SP_PLACE_PINNED) continue;
+        idx[n++] = i;
+        rank[i] = forward_rank(pg, pos, i);
+    }
+    SP_ASSERT(n == n_pinned);
+    pthread_mutex_lock(&start_lock);
+    sort_rank = rank;
+    qsort(idx, n, sizeof *idx, cmp_rank);
+    pthread_mutex_unlock(&start_lock);
+    pthread_mutex_lock(&pg->mu);
+    pg->t_apply = now_s();
+    pg->pinned_pending = pg->n_pinned = n;
+    for (uint32_t k = 0; k < n; k++) pg->pstate[idx[k]].seq = k;
+    for (uint32_t k = 0; k < n; k++) queue_pinned(pg, idx[k]);
+    pthread_mutex_unlock(&pg->mu);
+    sp_free(idx), sp_free(pos), sp_free(rank);
+    return SP_OK;
+}
+
+/* A pin of pinned tensor i that found it not READY: wait for its reads; a
+ * failed one is read again (the next pin after a failure tries afresh, as a
+ * streamed unit's does).  SP_E_IO naming the file and the offset. */
+static sp_status pin_pinned(struct sp_pager *pg, uint32_t i) {
+    pthread_mutex_lock(&pg->mu);
+    const double t0 = now_s();
+    pg->st.pinned_waits++;
+    if (atomic_load_explicit(&pg->pready[i], memory_order_relaxed) == PIN_ERROR) {
+        atomic_store_explicit(&pg->pready[i], PIN_LOADING, memory_order_relaxed);
+        pg->pinned_pending++;
+        queue_pinned(pg, i);
+    }
+    uint8_t st;
+    while ((st = atomic_load_explicit(&pg->pready[i], memory_order_acquire)) == PIN_LOADING)
+        pthread_cond_wait(&pg->cv_done, &pg->mu);
+    pg->st.pinned_wait_s += now_s() - t0;
+    const int err = pg->pstate[i].err;
+    const uint64_t err_off = pg->pstate[i].err_off;
+    pthread_mutex_unlock(&pg->mu);
+    if (st == PIN_READY) return SP_OK;
+    return sp_err(SP_E_IO, "%s: '%s': reading the resident weights failed at offset %llu (tensor '%s'): %s", __func__,
+                  pg->mf->path, (unsigned long long)err_off, pg->mf->tensors[i].name, strerror(err));
+}
+
+sp_status sp_pager_wait_pinned(struct sp_pager *pg) {
+    if (!pg->streaming) return SP_OK;
+    const struct sp_model_file *mf = pg->mf;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        if (!pg->tptr[i] || atomic_load_explicit(&pg->pready[i], memory_order_acquire) == PIN_READY) continue;
+        pthread_mutex_lock(&pg->mu);
+        while (atomic_load_explicit(&pg->pready[i], memory_order_acquire) == PIN_LOADING)
+            pthread_cond_wait(&pg->cv_done, &pg->mu);
+        const int err = pg->pstate[i].err;
+        const uint64_t err_off = pg->pstate[i].err_off;
+        pthread_mutex_unlock(&pg->mu);
+        if (err) {
+            return sp_err(SP_E_IO, "%s: '%s': reading the resident weights failed at offset %llu (tensor '%s'): %s",
+                          __func__, mf->path, (unsigned long long)err_off, mf->tensors[i].name, strerror(err));
+        }
+    }
+    return SP_OK;
 }
 
 /* The next-use policy for the expert pool, unless LRU was asked for or no
@@ -746,11 +909,15 @@ static sp_status apply_plan(struct sp_pager *pg) {
     pg->first_unit = sp_calloc(mf->n_tensors, sizeof *pg->first_unit);
     if (!pg->tptr || !pg->first_unit) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     uint64_t pinned = 0;
+    uint32_t n_pinned = 0, pinned_chunks = 0;
     for (uint32_t i = 0; i < mf->n_tensors; i++) {
         const struct sp_tensor_desc *t = &mf->tensors[i];
         pg->first_unit[i] = pg->n_units;
         if (p->t[i].place == SP_PLACE_PINNED) {
-            pinned += align_up(t->offset + t->size) - align_down(t->offset);
+            const uint64_t len = align_up(t->offset + t->size) - align_down(t->offset);
+            pinned += len;
+            n_pinned++;
+            pinned_chunks += (uint32_t)((len + IO_CHUNK - 1) / IO_CHUNK);
         } else if (p->t[i].place != SP_PLACE_ROWS) {
             pg->n_units += p->t[i].n_units;
         }
@@ -771,13 +938,39 @@ static sp_status apply_plan(struct sp_pager *pg) {
         slot_total += (uint64_t)counts[k] * sizes[k];
     }
     pg->slots = sp_calloc(SP_MAX(pg->n_slots, 1u), sizeof *pg->slots);
-    pg->q_cap = pg->n_slots + 64;
+    pg->q_cap = pg->n_slots + 64 + pinned_chunks; /* every pinned chunk is queued at once */
     pg->q = sp_calloc(pg->q_cap, sizeof *pg->q);
     if (!pg->slots || !pg->q) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     pg->pinned_size = pinned;
     pg->slot_size = slot_total;
-    if ((rc = alloc_locked(pinned, &pg->pinned_region, "pinned weights"))) return rc;
-    if ((rc = alloc_locked(slot_total, &pg->slot_region, "streaming buffers"))) return rc;
+    pg->pstate = sp_calloc(mf->n_tensors, sizeof *pg->pstate);
+    pg->pready = sp_calloc(mf->n_tensors, sizeof *pg->pready);
+    if (!pg->pstate || !pg->pready) return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+    if ((rc = map_region(pinned, &pg->pinned_region, "pinned weights"))) return rc;
+    if ((rc = map_region(slot_total, &pg->slot_region, "streaming buffers"))) return rc;
+    /* where each pinned tensor goes, and the layout it is repacked to once
+     * read (repack_resident's choice, made now: sp_pager_wtype must answer
+     * before the reads are done) */
+    uint64_t cur_pin = 0, repacked = 0;
+    uint32_t n_repacked = 0;
+    for (uint32_t i = 0; i < mf->n_tensors; i++) {
+        const struct sp_tensor_desc *t = &mf->tensors[i];
+        if (p->t[i].place != SP_PLACE_PINNED) continue;
+        const uint64_t a = align_down(t->offset), len = align_up(t->offset + t->size) - a;
+        SP_ASSERT(cur_pin + len <= pinned);
+        pg->tptr[i] = pg->pinned_region + cur_pin + (t->offset - a);
+        cur_pin += len;
+        const uint32_t r = pg->cfg.repack && t != pg->cfg.by_rows ? sp_qtype_resident_here(t->type, t->ne[0]) : 0;
+        if (!r) continue;
+        if (!pg->wtype && !(pg->wtype = sp_calloc(mf->n_tensors, sizeof *pg->wtype)))
+            return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
+        pg->wtype[i] = r;
+        repacked += t->size;
+        n_repacked++;
+    }
+    if (n_repacked) SP_LOG_I("repacking %u pinned tensors (%.1f MiB) to resident layouts as they are read", n_repacked,
+                             repacked / 1048576.0);
+    pg->pinned_read_bytes = pinned;
     uint8_t *cur = pg->slot_region;
     for (int k = 0; k < POOL_COUNT; k++) {
         for (uint32_t s = 0; s < pg->pools[k].n; s++) {
@@ -797,8 +990,9 @@ static sp_status apply_plan(struct sp_pager *pg) {
             return sp_err(SP_E_NOMEM, "%s: cannot start I/O threads", __func__);
         }
     }
-    if ((rc = load_pinned(pg))) return rc;
-    pg->st.bytes_read = 0; /* count streaming only */
+    if ((rc = start_pinned(pg, n_pinned))) return rc;
+    if (pthread_create(&pg->locker, NULL, lock_main, pg) == 0) pg->locker_started = true;
+    else lock_main(pg); /* no thread: lock them here, as before */
     pg->applied = true;
     SP_LOG_I("pager: %.2f GiB pinned, pools %u ring x %.1f MiB, %u expert x %.2f MiB, %u row; "
              "predicted %.2f tok/s (read %.2f GB/s)",
@@ -810,9 +1004,11 @@ static sp_status apply_plan(struct sp_pager *pg) {
 /* Back to "budgeted, not applied" (a failed apply; close): stop the I/O
  * threads and free what planning and applying made, so a later reserve --
  * once storage reads again -- plans and applies from scratch.  Under no lock:
- * no read is in flight (load_pinned waits for its reads; slots are read only
- * after an apply succeeded, and close comes after every unpin). */
+ * the locker is joined first, then the I/O threads (a read in flight is
+ * finished, the queued ones dropped), before any memory goes. */
 static void unapply(struct sp_pager *pg) {
+    if (pg->locker_started) pthread_join(pg->locker, NULL);
+    pg->locker_started = false;
     if (pg->io) {
         pthread_mutex_lock(&pg->mu);
         pg->stop = true;
@@ -833,6 +1029,10 @@ static void unapply(struct sp_pager *pg) {
     sp_free(pg->slots);
     sp_free(pg->q);
     sp_free(pg->wtype);
+    sp_free(pg->pstate);
+    sp_free((void *)pg->pready);
+    pg->pstate = NULL;
+    pg->pready = NULL;
     sp_xcache_free(pg->xc);
     sp_free(pg->t_layer);
     pg->xc = NULL;
@@ -856,8 +1056,8 @@ static void unapply(struct sp_pager *pg) {
     pg->n_units = pg->n_sched = pg->sched_next = pg->n_slots = 0;
     memset(pg->pools, 0, sizeof pg->pools);
     pg->q_cap = pg->q_head = pg->q_len = pg->pinned_pending = 0;
-    pg->pinned_err = 0;
-    pg->pinned_err_off = 0;
+    pg->pinned_read_bytes = 0;
+    pg->n_pinned = 0;
 }
 
 /* The weights' share of the account: all the plan holds but the sessions'
@@ -1186,6 +1386,9 @@ sp_status sp_pager_pin_range(struct sp_pager *pg, const struct sp_tensor_desc *t
     }
     if (pg->streaming) {
         if (pg->tptr[i]) {
+            sp_status rc;
+            if (atomic_load_explicit(&pg->pready[i], memory_order_acquire) != PIN_READY && (rc = pin_pinned(pg, (uint32_t)i)))
+                return rc;
             atomic_fetch_add(&pg->pins[i], 1);
             atomic_fetch_add(&pg->n_pins, 1);
             *out = pg->tptr[i] + off;

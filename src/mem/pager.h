@@ -42,6 +42,8 @@ struct sp_pager_stats {
                                           or already being read when first needed */
     uint64_t prefetch_issued, prefetch_used; /* prefetched units; of those, pinned before eviction */
     double wait_s;            /* time pins spent waiting for reads */
+    uint64_t pinned_waits;    /* pins of pinned tensors that found them still being read (start-up) */
+    double pinned_wait_s;     /* time those pins waited */
 };
 
 struct sp_pager_config {
@@ -88,6 +90,9 @@ struct sp_pager_tuning {
     bool margin_set, base_set;
     uint64_t margin_bytes, base_bytes;
     double read_bps, mem_bps; /* > 0: use instead of measuring */
+    uint32_t pinned_stall_ms; /* tests: the start-up reads of the last 3 pinned tensors in forward order (the
+                                 output end) first sleep this long: the first pass runs the layers before
+                                 them and waits for what is still being read */
 };
 void sp_pager_tune(struct sp_pager *pg, const struct sp_pager_tuning *t);
 
@@ -98,11 +103,19 @@ sp_status sp_pager_make_plan(struct sp_pager *pg, uint64_t session_bytes, struct
 
 /* Budgeted pagers: make the plan for sessions that need envelope_bytes at
  * most (the model's declared envelope: KV caches, scratch, logits) and apply
- * it -- pin, allocate and lock the pools, start the I/O threads -- reserving
+ * it -- map the pinned region and the pools, start the I/O threads, start
+ * reading the pinned tensors in forward order and touching and locking the
+ * memory on a thread of its own, without waiting for either -- reserving
  * the process's and the weights' shares in cfg.account (the sessions reserve
  * their own).  Once: later calls return SP_OK.  No-op without a budget.
  * SP_E_NOMEM (the message states the minimum budget), SP_E_IO. */
 sp_status sp_pager_apply(struct sp_pager *pg, uint64_t envelope_bytes);
+
+/* Budgeted pagers: wait until every pinned tensor is read (sp_pager_apply
+ * only starts those reads: each pin waits for its own tensor).  SP_OK, or
+ * SP_E_IO naming the file and the offset of a read that failed (the next pin
+ * of that tensor reads it again).  SP_OK without a budget or before apply. */
+sp_status sp_pager_wait_pinned(struct sp_pager *pg);
 
 /* Budgeted pagers: forward passes on one model take turns.  One pass holds
  * at most a few pins per pool at once, and the plan gives every pool enough
