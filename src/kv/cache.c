@@ -260,9 +260,12 @@ void sp_kv_store(struct sp_kv_cache *kv, const struct sp_kv_cells *c, uint32_t c
     SP_ASSERT(c0 + n <= c->n && il < kv->g.n_layers);
     struct store_job j = {kv, c, c0, n, il, k, v};
     /* quantizing a row costs far more than copying it: threads pay off
-     * from a few dozen rows of a quantized type */
+     * from a few dozen rows of a quantized type, and from two of q4h's
+     * (its trellis search: tens of microseconds per block of 32) */
     const bool quantized = kv->g.type_k > SP_KV_F16 || kv->g.type_v > SP_KV_F16;
-    if (pool && sp_pool_n_threads(pool) > 1 && n * kv->g.n_kv_heads >= (quantized ? 16u : 512u)) {
+    const bool trellis = kv->g.type_k == SP_KV_Q4H || kv->g.type_v == SP_KV_Q4H;
+    const uint32_t min_rows = trellis ? 2u : quantized ? 16u : 512u;
+    if (pool && sp_pool_n_threads(pool) > 1 && n * kv->g.n_kv_heads >= min_rows) {
         sp_pool_run(pool, store_task, &j);
     } else {
         store_task(&j, 0, 1);

@@ -175,55 +175,22 @@ float sp_kv_tq_search_ref(const struct sp_kv_tq_code *q, const float *x, float d
     return e;
 }
 
-/* The least-squares scale for fixed codes (0 if every level is 0). */
-static float tq_refit(const struct sp_kv_tq_code *q, const float *x, const uint8_t *code) {
-    float a = 0.0f, b = 0.0f;
-    for (int j = 0; j < TQ_N; j++) {
-        const float l = q->lev[j][(j ? (uint32_t)code[j - 1] : 0u) << q->bits[j] | code[j]];
-        a += x[j] * l;
-        b += l * l;
-    }
-    return b > 0.0f ? a / b : 0.0f;
-}
-
-/* Scale candidates: the block's largest value mapped to the lowest and the
- * highest level of position 0, times 1 + (k - 3) / 14 for k = 0..6, each
- * searched and refitted twice; the best scale is then rounded to the two
- * neighbouring scale codes, and the better of the two is stored.
- *
- * A chain of search and refit is a function of its scale alone, so chains
- * that meet (two starts refitted to the same float, common: they end on
- * the same codes) would repeat each other's searches from there on, with
- * the same errors, which change nothing (only a strictly smaller error
- * does).  The encoder remembers each scale it searched with how many
- * searches its chain ran from it, and ends a chain that reaches one it has
- * run at least as far: the same bytes as running every chain out. */
-#define TQ_CANDIDATES 7
-#define TQ_CHAIN 3 /* searches per chain */
-
-struct tq_seen {
-    uint32_t n;
-    uint32_t d[2 * TQ_CANDIDATES * TQ_CHAIN]; /* a scale's bits */
-    int8_t left[2 * TQ_CANDIDATES * TQ_CHAIN]; /* searches its chain ran from it, its own included */
+/* The scale: the encoder searches (error only) a window of consecutive
+ * scale codes around each of two starts, the code of the block's largest
+ * value mapped to the lowest and to the highest level of position 0 (the
+ * two signs of d), and stores the codes of the best one found.  The
+ * windows (code steps from a start, per code and start) cover where the
+ * best scale of Gaussian blocks lies.  Before 2026-12-02 the encoder ran
+ * 44 searches with codes (14 starts, each searched and least-squares
+ * refitted twice, the best scale rounded both ways); these 23 (keys) and
+ * 21 (values) searches, all but one without codes, find a scale code at
+ * least as good on average: relative squared error on Gaussian blocks
+ * 0.002593 / 0.005068 against 0.002602 / 0.005080, in half the searches
+ * (and error-only searches are the cheaper ones). */
+static const int8_t tq_window[2][2][2] = {
+    {{-2, 7}, {-5, 6}}, /* keys: from xm / lowest level, from xm / highest */
+    {{-4, 7}, {-6, 1}}, /* values */
 };
-
-/* Whether a chain with `left` searches to go from d repeats one already run;
- * records d otherwise. */
-static bool tq_seen(struct tq_seen *m, float d, int left) {
-    uint32_t u;
-    memcpy(&u, &d, 4);
-    for (uint32_t i = 0; i < m->n; i++) {
-        if (m->d[i] != u) continue;
-        if (m->left[i] >= left) return true;
-        m->left[i] = (int8_t)left;
-        return false;
-    }
-    if (m->n < SP_ARRAY_LEN(m->d)) {
-        m->d[m->n] = u;
-        m->left[m->n++] = (int8_t)left;
-    }
-    return false;
-}
 
 void sp_kv_tq_encode_with(sp_kv_tq_search_fn search, int value, const float *x, uint8_t *dst) {
     const struct sp_kv_tq_code *q = &tq_codes[value ? 1 : 0];
@@ -235,7 +202,7 @@ void sp_kv_tq_encode_with(sp_kv_tq_search_fn search, int value, const float *x, 
             xm = x[j];
         }
     }
-    uint8_t code[TQ_N], tmp[TQ_N];
+    uint8_t code[TQ_N];
     memset(code, 0, sizeof code);
     uint32_t scode = 0;
     if (amax > 0.0f && isfinite(amax)) {
@@ -245,37 +212,23 @@ void sp_kv_tq_encode_with(sp_kv_tq_search_fn search, int value, const float *x, 
             lo = fminf(lo, q->lev[0][c]);
             hi = fmaxf(hi, q->lev[0][c]);
         }
-        float best = INFINITY, bd = xm / hi;
-        struct tq_seen seen;
-        seen.n = 0;
+        float best = INFINITY;
         for (int end = 0; end < 2; end++) {
-            for (int k = 0; k < TQ_CANDIDATES; k++) {
-                float d = xm / ((end ? hi : lo) * (1.0f + (float)(k - TQ_CANDIDATES / 2) / (2.0f * TQ_CANDIDATES)));
-                for (int it = 0; it < TQ_CHAIN; it++) {
-                    if (tq_seen(&seen, d, TQ_CHAIN - it)) break;
-                    /* the last one's codes are not refitted */
-                    const float e = search(q, x, d, it < TQ_CHAIN - 1 ? tmp : NULL);
-                    if (e < best) {
-                        best = e;
-                        bd = d;
-                    }
-                    if (it == TQ_CHAIN - 1) break;
-                    const float dn = tq_refit(q, x, tmp);
-                    if (!(dn != 0.0f) || !isfinite(dn)) break;
-                    d = dn;
+            const uint32_t c0 = tq_scale_code(xm / (end ? hi : lo), 0);
+            const int32_t m0 = (int32_t)(c0 & 511u);
+            for (int32_t o = tq_window[value ? 1 : 0][end][0]; o <= tq_window[value ? 1 : 0][end][1]; o++) {
+                const int32_t m = m0 + o;
+                if (m < 1 || m > 511) continue;
+                const uint32_t sc = (uint32_t)m | (c0 & 512u);
+                if (!scode) scode = sc; /* something, should every error be NaN */
+                const float e = search(q, x, sp_kv_tq_scale(sc), NULL);
+                if (e < best) {
+                    best = e;
+                    scode = sc;
                 }
             }
         }
-        best = INFINITY;
-        for (int up = 0; up < 2; up++) {
-            const uint32_t sc = tq_scale_code(bd, up);
-            const float e = search(q, x, sp_kv_tq_scale(sc), tmp);
-            if (e < best) {
-                best = e;
-                scode = sc;
-                memcpy(code, tmp, sizeof tmp);
-            }
-        }
+        if (scode) search(q, x, sp_kv_tq_scale(scode), code);
     }
     put_bits(dst, 0, TQ_SCALE_BITS, scode);
     uint32_t off = TQ_SCALE_BITS;
