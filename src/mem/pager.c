@@ -150,7 +150,6 @@ struct sp_pager {
     uint32_t pinned_pending;        /* pinned tensors not READY or ERROR yet (under mu) */
     struct pin_state *pstate;       /* (n_tensors) pinned tensors' reads */
     atomic_uchar *pready;           /* (n_tensors) PIN_*: the pin's lock-free test */
-    uint64_t pinned_read_bytes;     /* file bytes of the pinned tensors' spans */
     double t_apply;                 /* when the start-up reads began (now_s) */
     pthread_t locker;               /* touches and locks the regions (lock_main) */
     bool locker_started;
@@ -212,27 +211,28 @@ static sp_status map_file(struct sp_pager *pg, int fd) {
     return SP_OK;
 }
 
-/* Give the matrices that have a resident layout that layout, in place (the
- * same bytes per row, so nothing grows): the decode kernels read them with
- * far fewer vector ops (docs/KERNELS.md).  Only where the table has the
- * layout's gemm (x86 with AVX2; not on AArch64, whose kernels read the file
- * layouts) and never for the tensor read by rows.  region: LOAD's region
- * (every tensor); NULL: the budgeted back end's pinned tensors, which stay
- * resident for good (streamed ones keep the file layout: they are read
- * straight into slots and used from there). */
+/* The resident layout tensor t gets in memory, or 0: only where the table
+ * has the layout's gemm (x86 with AVX2; not on AArch64, whose kernels read
+ * the file layouts) and never for the tensor read by rows. */
+static uint32_t resident_choice(const struct sp_pager *pg, const struct sp_tensor_desc *t) {
+    return pg->cfg.repack && t != pg->cfg.by_rows ? sp_qtype_resident_here(t->type, t->ne[0]) : 0;
+}
+
+/* Give LOAD's region's matrices that have a resident layout that layout, in
+ * place (the same bytes per row, so nothing grows): the decode kernels read
+ * them with far fewer vector ops (docs/KERNELS.md).  The budgeted back end
+ * repacks each pinned tensor as it is read (finish_pinned); its streamed
+ * ones keep the file layout. */
 static void repack_resident(struct sp_pager *pg, uint8_t *region) {
     const struct sp_model_file *mf = pg->mf;
-    if (!pg->cfg.repack) return;
     const double t0 = now_s();
     uint64_t bytes = 0;
     uint32_t n = 0;
     for (uint32_t i = 0; i < mf->n_tensors; i++) {
         const struct sp_tensor_desc *t = &mf->tensors[i];
-        if (t == pg->cfg.by_rows || (!region && pg->plan.t[i].place != SP_PLACE_PINNED)) continue;
-        uint8_t *data = region ? region + (t->offset - pg->base)
-                               : pg->pinned_region + (pg->tptr[i] - (const uint8_t *)pg->pinned_region);
-        const uint32_t r = sp_qtype_resident_here(t->type, t->ne[0]);
+        const uint32_t r = resident_choice(pg, t);
         if (!r) continue;
+        uint8_t *data = region + (t->offset - pg->base);
         if (!pg->wtype && !(pg->wtype = sp_calloc(mf->n_tensors, sizeof *pg->wtype))) return; /* file layouts */
         sp_qtype_repack(r, data, (int64_t)tensor_rows(t), t->ne[0], sp_qtype_row_bytes(t->type, t->ne[0]));
         pg->wtype[i] = r;
@@ -269,16 +269,15 @@ static sp_status plan_unpack(struct sp_pager *pg) {
     return SP_OK;
 }
 
-/* Un-repack the tensors plan_unpack chose, in place: region is LOAD's
- * region (every tensor); NULL: the budgeted back end's pinned tensors
- * (streamed units are un-repacked as they are read, io_main). */
+/* Un-repack the tensors plan_unpack chose, in LOAD's region (the budgeted
+ * back end does it as it reads: finish_pinned for pinned tensors, io_main
+ * for streamed units). */
 static void unpack_stored(struct sp_pager *pg, uint8_t *region) {
     const struct sp_model_file *mf = pg->mf;
     for (uint32_t i = 0; pg->unpacked && i < mf->n_tensors; i++) {
         const struct sp_tensor_desc *t = &mf->tensors[i];
-        if (!pg->unpacked[i] || (!region && pg->plan.t[i].place != SP_PLACE_PINNED)) continue;
-        uint8_t *data = region ? region + (t->offset - pg->base)
-                               : pg->pinned_region + (pg->tptr[i] - (const uint8_t *)pg->pinned_region);
+        if (!pg->unpacked[i]) continue;
+        uint8_t *data = region + (t->offset - pg->base);
         sp_qtype_unrepack(t->type, data, (int64_t)tensor_rows(t), t->ne[0], sp_qtype_row_bytes(t->type, t->ne[0]));
     }
 }
@@ -402,7 +401,7 @@ static void pinned_done(struct sp_pager *pg, uint32_t i, int err, uint64_t err_o
     }
     atomic_store_explicit(&pg->pready[i], ps->err ? PIN_ERROR : PIN_READY, memory_order_release);
     if (--pg->pinned_pending == 0) {
-        SP_LOG_I("pager: pinned weights read (%.1f MiB) %.3f s after the plan was applied", pg->pinned_read_bytes / 1048576.0,
+        SP_LOG_I("pager: pinned weights read (%.1f MiB) %.3f s after the plan was applied", pg->pinned_size / 1048576.0,
                  now_s() - pg->t_apply);
     }
 }
@@ -762,11 +761,13 @@ static uint64_t forward_rank(const struct sp_pager *pg, const uint32_t *pos, uin
     return group << 32 | (pos[i] < pg->cfg.n_order ? pos[i] : pg->cfg.n_order + i);
 }
 
-static const uint64_t *sort_rank; /* qsort's key, under start_lock */
-static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
+struct ranked {
+    uint64_t rank;
+    uint32_t i;
+};
 
 static int cmp_rank(const void *a, const void *b) {
-    const uint64_t x = sort_rank[*(const uint32_t *)a], y = sort_rank[*(const uint32_t *)b];
+    const uint64_t x = ((const struct ranked *)a)->rank, y = ((const struct ranked *)b)->rank;
     return x < y ? -1 : x > y;
 }
 
@@ -792,11 +793,10 @@ static void queue_pinned(struct sp_pager *pg, uint32_t i) {
  * the I/O threads; nothing waits for them here (pin_pinned does). */
 static sp_status start_pinned(struct sp_pager *pg, uint32_t n_pinned) {
     const struct sp_model_file *mf = pg->mf;
-    uint32_t *idx = sp_malloc((size_t)SP_MAX(n_pinned, 1u) * sizeof *idx);
+    struct ranked *idx = sp_malloc((size_t)SP_MAX(n_pinned, 1u) * sizeof *idx);
     uint32_t *pos = sp_malloc((size_t)mf->n_tensors * sizeof *pos);
-    uint64_t *rank = sp_malloc((size_t)mf->n_tensors * sizeof *rank);
-    if (!idx || !pos || !rank) {
-        sp_free(idx), sp_free(pos), sp_free(rank);
+    if (!idx || !pos) {
+        sp_free(idx), sp_free(pos);
         return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
     }
     for (uint32_t i = 0; i < mf->n_tensors; i++) pos[i] = UINT32_MAX;
@@ -805,22 +805,32 @@ static sp_status start_pinned(struct sp_pager *pg, uint32_t n_pinned) {
     uint32_t n = 0;
     for (uint32_t i = 0; i < mf->n_tensors; i++) {
         if (pg->plan.t[i].place != SP_PLACE_PINNED) continue;
-        idx[n++] = i;
-        rank[i] = forward_rank(pg, pos, i);
+        idx[n++] = (struct ranked){forward_rank(pg, pos, i), i};
     }
     SP_ASSERT(n == n_pinned);
-    pthread_mutex_lock(&start_lock);
-    sort_rank = rank;
-    qsort(idx, n, sizeof *idx, cmp_rank);
-    pthread_mutex_unlock(&start_lock);
+    qsort(idx, n, sizeof *idx, cmp_rank); /* ranks are distinct: the order is total */
     pthread_mutex_lock(&pg->mu);
     pg->t_apply = now_s();
     pg->pinned_pending = pg->n_pinned = n;
-    for (uint32_t k = 0; k < n; k++) pg->pstate[idx[k]].seq = k;
-    for (uint32_t k = 0; k < n; k++) queue_pinned(pg, idx[k]);
+    for (uint32_t k = 0; k < n; k++) pg->pstate[idx[k].i].seq = k;
+    for (uint32_t k = 0; k < n; k++) queue_pinned(pg, idx[k].i);
     pthread_mutex_unlock(&pg->mu);
-    sp_free(idx), sp_free(pos), sp_free(rank);
+    sp_free(idx), sp_free(pos);
     return SP_OK;
+}
+
+/* Wait (under mu) until pinned tensor i is no longer LOADING; its state. */
+static uint8_t wait_pinned_one(struct sp_pager *pg, uint32_t i) {
+    uint8_t st;
+    while ((st = atomic_load_explicit(&pg->pready[i], memory_order_acquire)) == PIN_LOADING)
+        pthread_cond_wait(&pg->cv_done, &pg->mu);
+    return st;
+}
+
+/* The error of pinned tensor i's failed read (its state copied under mu). */
+static sp_status pinned_error(const struct sp_pager *pg, uint32_t i, int err, uint64_t err_off, const char *fn) {
+    return sp_err(SP_E_IO, "%s: '%s': reading the resident weights failed at offset %llu (tensor '%s'): %s", fn,
+                  pg->mf->path, (unsigned long long)err_off, pg->mf->tensors[i].name, strerror(err));
 }
 
 /* A pin of pinned tensor i that found it not READY: wait for its reads; a
@@ -835,16 +845,12 @@ static sp_status pin_pinned(struct sp_pager *pg, uint32_t i) {
         pg->pinned_pending++;
         queue_pinned(pg, i);
     }
-    uint8_t st;
-    while ((st = atomic_load_explicit(&pg->pready[i], memory_order_acquire)) == PIN_LOADING)
-        pthread_cond_wait(&pg->cv_done, &pg->mu);
+    const uint8_t st = wait_pinned_one(pg, i);
     pg->st.pinned_wait_s += now_s() - t0;
     const int err = pg->pstate[i].err;
     const uint64_t err_off = pg->pstate[i].err_off;
     pthread_mutex_unlock(&pg->mu);
-    if (st == PIN_READY) return SP_OK;
-    return sp_err(SP_E_IO, "%s: '%s': reading the resident weights failed at offset %llu (tensor '%s'): %s", __func__,
-                  pg->mf->path, (unsigned long long)err_off, pg->mf->tensors[i].name, strerror(err));
+    return st == PIN_READY ? SP_OK : pinned_error(pg, i, err, err_off, __func__);
 }
 
 sp_status sp_pager_wait_pinned(struct sp_pager *pg) {
@@ -853,15 +859,11 @@ sp_status sp_pager_wait_pinned(struct sp_pager *pg) {
     for (uint32_t i = 0; i < mf->n_tensors; i++) {
         if (!pg->tptr[i] || atomic_load_explicit(&pg->pready[i], memory_order_acquire) == PIN_READY) continue;
         pthread_mutex_lock(&pg->mu);
-        while (atomic_load_explicit(&pg->pready[i], memory_order_acquire) == PIN_LOADING)
-            pthread_cond_wait(&pg->cv_done, &pg->mu);
+        wait_pinned_one(pg, i);
         const int err = pg->pstate[i].err;
         const uint64_t err_off = pg->pstate[i].err_off;
         pthread_mutex_unlock(&pg->mu);
-        if (err) {
-            return sp_err(SP_E_IO, "%s: '%s': reading the resident weights failed at offset %llu (tensor '%s'): %s",
-                          __func__, mf->path, (unsigned long long)err_off, mf->tensors[i].name, strerror(err));
-        }
+        if (err) return pinned_error(pg, i, err, err_off, __func__);
     }
     return SP_OK;
 }
@@ -949,7 +951,7 @@ static sp_status apply_plan(struct sp_pager *pg) {
     if ((rc = map_region(pinned, &pg->pinned_region, "pinned weights"))) return rc;
     if ((rc = map_region(slot_total, &pg->slot_region, "streaming buffers"))) return rc;
     /* where each pinned tensor goes, and the layout it is repacked to once
-     * read (repack_resident's choice, made now: sp_pager_wtype must answer
+     * read (resident_choice, made now: sp_pager_wtype must answer
      * before the reads are done) */
     uint64_t cur_pin = 0, repacked = 0;
     uint32_t n_repacked = 0;
@@ -960,7 +962,7 @@ static sp_status apply_plan(struct sp_pager *pg) {
         SP_ASSERT(cur_pin + len <= pinned);
         pg->tptr[i] = pg->pinned_region + cur_pin + (t->offset - a);
         cur_pin += len;
-        const uint32_t r = pg->cfg.repack && t != pg->cfg.by_rows ? sp_qtype_resident_here(t->type, t->ne[0]) : 0;
+        const uint32_t r = resident_choice(pg, t);
         if (!r) continue;
         if (!pg->wtype && !(pg->wtype = sp_calloc(mf->n_tensors, sizeof *pg->wtype)))
             return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
@@ -970,7 +972,6 @@ static sp_status apply_plan(struct sp_pager *pg) {
     }
     if (n_repacked) SP_LOG_I("repacking %u pinned tensors (%.1f MiB) to resident layouts as they are read", n_repacked,
                              repacked / 1048576.0);
-    pg->pinned_read_bytes = pinned;
     uint8_t *cur = pg->slot_region;
     for (int k = 0; k < POOL_COUNT; k++) {
         for (uint32_t s = 0; s < pg->pools[k].n; s++) {
@@ -1056,7 +1057,6 @@ static void unapply(struct sp_pager *pg) {
     pg->n_units = pg->n_sched = pg->sched_next = pg->n_slots = 0;
     memset(pg->pools, 0, sizeof pg->pools);
     pg->q_cap = pg->q_head = pg->q_len = pg->pinned_pending = 0;
-    pg->pinned_read_bytes = 0;
     pg->n_pinned = 0;
 }
 
