@@ -13,8 +13,9 @@
  * row), so the bytes depend on shape, type and seed only -- not on the number
  * of threads.  Instead of a file type, a quantize policy (src/quantize/policy.c,
  * by name or from a file) can choose each matrix's type: then Sparrow's native
- * types are written directly, each row quantized by sp_quantize_rows as
- * `sparrow quantize` does without calibration, so mixed-precision models of
+ * types are written directly, each row quantized in one pass by
+ * sp_quantize_rows_fast (the quantizer's scale search costs several times
+ * longer and buys nothing for random weights), so mixed-precision models of
  * full size need no F16 intermediate.  Rows are generated and quantized in
  * slabs of a few MiB that the threads fill in parallel and the calling thread
  * appends to the GGUF writer (format/gguf.h; temporary file + rename, so a
@@ -368,9 +369,8 @@ static void synth_q6_k(const float *restrict src, void *restrict dst, int64_t n)
 }
 
 /* The encoder synth uses for type t: the one-pass K-quant encoders above,
- * NULL for native types (sp_quantize_rows, the quantizer's own path: its
- * scale search, which from_float does not do), else the dispatch table's
- * from_float. */
+ * NULL for native types (sp_quantize_rows_fast: one pass, no scale
+ * search), else the dispatch table's from_float. */
 static sp_from_float_fn synth_quantizer(uint32_t t) {
     if (t == SP_QTYPE_Q4_K) return synth_q4_k;
     if (t == SP_QTYPE_Q6_K) return synth_q6_k;
@@ -400,7 +400,7 @@ static void slab_task(void *arg, int ith, int nth) {
         if (sl->from_float) {
             sl->from_float(x, dst, sl->t->ne[0]);
         } else { /* native: cannot fail (a native type, one row of its plan's width) */
-            const sp_status rc = sp_quantize_rows(sl->t->type, x, 1, sl->t->ne[0], NULL, dst);
+            const sp_status rc = sp_quantize_rows_fast(sl->t->type, x, 1, sl->t->ne[0], dst);
             SP_ASSERT(rc == SP_OK);
             (void)rc;
         }

@@ -430,6 +430,30 @@ static float sym_fit(const float *x, const float *w, int nv, float id, int lo, i
     return sqq > 0 ? sxq / sqq : 0;
 }
 
+/* The largest magnitude of x[0..nv) (NaNs skipped), *xm the element that
+ * has it (0 for an all-zero block). */
+static float abs_peak(const float *x, int nv, float *xm) {
+    float amax = 0;
+    *xm = 0;
+    for (int i = 0; i < nv; i++) {
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            *xm = x[i];
+        }
+    }
+    return amax;
+}
+
+/* x[0..nv)'s smallest and largest elements (INFINITY, -INFINITY if nv = 0). */
+static void min_max(const float *x, int nv, float *xmin, float *xmax) {
+    *xmin = INFINITY;
+    *xmax = -INFINITY;
+    for (int i = 0; i < nv; i++) {
+        *xmin = SP_MIN(*xmin, x[i]);
+        *xmax = SP_MAX(*xmax, x[i]);
+    }
+}
+
 /* Symmetric scale, before its rounding to the header: for each of 13
  * candidates 1/d mapping the element of largest magnitude to -(2^(bits-1) +
  * delta), delta in [-2, 2] by 1/3 (negative d when that element is
@@ -438,13 +462,8 @@ static float sym_fit(const float *x, const float *w, int nv, float id, int lo, i
  * of test_native by < 0.5%.)  The non-uniform kind (nl) tries both ends of
  * its levels, -127 and +105, each scaled by 0.75 ... 1.25 in steps of 1/24. */
 static float search_sym(const float *x, const float *w, int nv, int lo, int hi, bool nl) {
-    float amax = 0, xm = 0;
-    for (int i = 0; i < nv; i++) {
-        if (fabsf(x[i]) > amax) {
-            amax = fabsf(x[i]);
-            xm = x[i];
-        }
-    }
+    float xm;
+    const float amax = abs_peak(x, nv, &xm);
     if (amax == 0 || !isfinite(amax)) return amax == 0 ? 0.0f : xm / (float)lo;
     float best = -1, best_d = xm / (float)lo;
     for (int end = 0; end < (nl ? 2 : 1); end++) {
@@ -545,11 +564,8 @@ static float asym_err(const float *x, const float *w, int nv, float d, float m, 
  * codes are rounded and (d, m) refit by weighted least squares, twice; the
  * best fit after fp16 rounding wins. */
 static void search_asym(const float *x, const float *w, int nv, int umax, float *d_out, float *m_out) {
-    float xmin = INFINITY, xmax = -INFINITY;
-    for (int i = 0; i < nv; i++) {
-        xmin = SP_MIN(xmin, x[i]);
-        xmax = SP_MAX(xmax, x[i]);
-    }
+    float xmin, xmax;
+    min_max(x, nv, &xmin, &xmax);
     if (!(xmax > xmin) || !isfinite(xmax - xmin)) {
         *d_out = 0;
         *m_out = isfinite(xmin) ? xmin : 0;
@@ -594,16 +610,56 @@ static void search_asym(const float *x, const float *w, int nv, int umax, float 
     *m_out = bm;
 }
 
+/* The one-pass scales (sp_quantize_rows_fast): the symmetric d maps the
+ * block's element of largest magnitude to the code range's negative end lo
+ * (the non-uniform kind: its level -127), as Q4_0 does; 0 for an all-zero
+ * block. */
+static float fast_sym(const float *x, int nv, int lo) {
+    float xm;
+    const float amax = abs_peak(x, nv, &xm);
+    return amax == 0 ? 0.0f : xm / (float)lo;
+}
+
+/* E8M0: the smallest power of two d with amax / d <= hi. */
+static uint8_t fast_e8(const float *x, int nv, int hi) {
+    float amax = 0;
+    for (int i = 0; i < nv; i++) amax = SP_MAX(amax, fabsf(x[i]));
+    if (amax == 0 || !isfinite(amax)) return amax == 0 ? 0 : 254;
+    int k0;
+    (void)frexpf(amax / (float)hi, &k0); /* amax / hi in [2^(k0-1), 2^k0) */
+    return (uint8_t)(k0 + 127 < 1 ? 1 : k0 + 127 > 254 ? 254 : k0 + 127);
+}
+
+/* L8: the nearest code to d, one step larger in magnitude where the nearest
+ * is smaller (then the largest element would clip). */
+static uint8_t fast_l8(float d, int sh) {
+    uint8_t c = sp_fp32_to_l8(d, sh);
+    if ((c & 127) && (c & 127) < 127 && fabsf(sp_l8_to_fp32(c, sh)) < fabsf(d)) c++;
+    return c;
+}
+
+/* Asymmetric: the block's [min, max] in umax steps. */
+static void fast_asym(const float *x, int nv, int umax, float *d_out, float *m_out) {
+    float xmin, xmax;
+    min_max(x, nv, &xmin, &xmax);
+    const bool ok = xmax > xmin && isfinite(xmax - xmin);
+    *d_out = ok ? (xmax - xmin) / (float)umax : 0.0f;
+    *m_out = isfinite(xmin) ? xmin : 0.0f;
+}
+
 /* One block: x[0..nv) with importance w[0..nv) (nv <= block; the rest is
- * padding, stored as code 0 value), into blk. */
-static void quantize_block(const struct sp_native_layout *L, const float *x, const float *w, int nv, uint8_t *blk) {
+ * padding, stored as code 0 value), into blk; fast: the one-pass scales
+ * above instead of the searches (w unused). */
+static void quantize_block(const struct sp_native_layout *L, const float *x, const float *w, int nv, bool fast,
+                           uint8_t *blk) {
     memset(blk, 0, L->bytes);
     uint8_t *planes = blk + L->head;
     const int B = L->block;
     if (L->asym) {
         const int umax = (1 << L->bits) - 1;
         float d, m;
-        search_asym(x, w, nv, umax, &d, &m);
+        if (fast) fast_asym(x, nv, umax, &d, &m);
+        else search_asym(x, w, nv, umax, &d, &m);
         const uint16_t dh = sp_fp32_to_fp16(d), mh = sp_fp32_to_fp16(m);
         memcpy(blk, &dh, 2);
         memcpy(blk + 2, &mh, 2);
@@ -615,11 +671,11 @@ static void quantize_block(const struct sp_native_layout *L, const float *x, con
     const int lo = L->nl ? -127 : -(1 << (L->bits - 1)), hi = L->nl ? 127 : (1 << (L->bits - 1)) - 1;
     float d;
     if (L->e8) {
-        blk[0] = search_e8(x, w, nv, lo, hi, L->nl);
+        blk[0] = fast ? fast_e8(x, nv, hi) : search_e8(x, w, nv, lo, hi, L->nl);
     } else if (L->l8) {
-        blk[0] = search_l8(x, w, nv, lo, hi, L->nl, L->l8_shift);
+        blk[0] = fast ? fast_l8(fast_sym(x, nv, lo), L->l8_shift) : search_l8(x, w, nv, lo, hi, L->nl, L->l8_shift);
     } else {
-        const uint16_t dh = search_fp16(x, w, nv, lo, hi, L->nl);
+        const uint16_t dh = fast ? sp_fp32_to_fp16(fast_sym(x, nv, lo)) : search_fp16(x, w, nv, lo, hi, L->nl);
         memcpy(blk, &dh, 2);
     }
     d = block_d(L, blk);
@@ -636,7 +692,7 @@ static void quantize_block(const struct sp_native_layout *L, const float *x, con
 
 /* One row of n values; imp (n) or NULL for equal importance.  Blocks whose
  * importance is all zero are fitted unweighted. */
-static void quantize_row(const struct sp_native_layout *L, const float *src, int64_t n, const float *imp,
+static void quantize_row(const struct sp_native_layout *L, const float *src, int64_t n, const float *imp, bool fast,
                          uint8_t *dst) {
     alignas(32) float w[128];
     for (int64_t i0 = 0; i0 < n; i0 += L->block, dst += L->bytes) {
@@ -650,7 +706,7 @@ static void quantize_row(const struct sp_native_layout *L, const float *src, int
         if (!(wsum > 0)) {
             for (int i = 0; i < nv; i++) w[i] = 1.0f;
         }
-        quantize_block(L, src + i0, w, nv, dst);
+        quantize_block(L, src + i0, w, nv, fast, dst);
     }
 }
 
@@ -707,7 +763,7 @@ sp_status sp_native_pack_block(uint32_t t, const int32_t *code, int nv, float d,
         native_to_float(&layouts[SP_NATIVE_ID(kind, blk, sc) - SP_QTYPE_NATIVE_FIRST], src, dst, n);                \
     }                                                                                                              \
     static void from_float_##name(const float *restrict src, void *restrict dst, int64_t n) {                      \
-        quantize_row(&layouts[SP_NATIVE_ID(kind, blk, sc) - SP_QTYPE_NATIVE_FIRST], src, n, NULL, dst);             \
+        quantize_row(&layouts[SP_NATIVE_ID(kind, blk, sc) - SP_QTYPE_NATIVE_FIRST], src, n, NULL, false, dst);             \
     }                                                                                                              \
     static void vec_dot_##name(int64_t n, float *restrict s, const void *restrict w, const void *restrict x) {    \
         native_vec_dot(&layouts[SP_NATIVE_ID(kind, blk, sc) - SP_QTYPE_NATIVE_FIRST], n, s, w, x);                  \
@@ -772,15 +828,15 @@ int32_t sp_qtype_from_name(const char *name) {
     return -1;
 }
 
-sp_status sp_quantize_rows(uint32_t t, const float *src, int64_t n_rows, int64_t n_per_row, const float *imp,
-                           void *dst) {
+static sp_status quantize_rows(uint32_t t, const float *src, int64_t n_rows, int64_t n_per_row, const float *imp,
+                               bool fast, void *dst) {
     const struct sp_qtraits *tr = sp_qtraits_ref(t);
     if (!tr || !tr->from_float) {
-        return sp_err(SP_E_UNSUPPORTED, "%s: type %s (id %u) has no quantizer", __func__,
+        return sp_err(SP_E_UNSUPPORTED, "sp_quantize_rows: type %s (id %u) has no quantizer",
                       tr ? tr->name : "?", (unsigned)t);
     }
     if (n_rows < 0 || n_per_row <= 0 || (!sp_qtype_is_native(t) && n_per_row % tr->block_elems != 0)) {
-        return sp_err(SP_E_INVALID, "%s: %lld rows of %lld elements cannot be stored as %s (block %lld)", __func__,
+        return sp_err(SP_E_INVALID, "sp_quantize_rows: %lld rows of %lld elements cannot be stored as %s (block %lld)",
                       (long long)n_rows, (long long)n_per_row, tr->name, (long long)tr->block_elems);
     }
     const size_t rb = sp_qtype_row_bytes(t, n_per_row);
@@ -789,10 +845,19 @@ sp_status sp_quantize_rows(uint32_t t, const float *src, int64_t n_rows, int64_t
         const float *row = src + r * n_per_row;
         uint8_t *out = (uint8_t *)dst + (size_t)r * rb;
         if (L) {
-            quantize_row(L, row, n_per_row, imp, out);
+            quantize_row(L, row, n_per_row, imp, fast, out);
         } else {
             tr->from_float(row, out, n_per_row);
         }
     }
     return SP_OK;
+}
+
+sp_status sp_quantize_rows(uint32_t t, const float *src, int64_t n_rows, int64_t n_per_row, const float *imp,
+                           void *dst) {
+    return quantize_rows(t, src, n_rows, n_per_row, imp, false, dst);
+}
+
+sp_status sp_quantize_rows_fast(uint32_t t, const float *src, int64_t n_rows, int64_t n_per_row, void *dst) {
+    return quantize_rows(t, src, n_rows, n_per_row, NULL, true, dst);
 }

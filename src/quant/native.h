@@ -240,6 +240,14 @@ int sp_native_requires_parse(const char *value);
 sp_status sp_quantize_rows(uint32_t t, const float *src, int64_t n_rows, int64_t n_per_row, const float *imp,
                            void *dst);
 
+/* sp_quantize_rows without the scale searches, for weights whose error does
+ * not matter (sparrow synth's random matrices): each block's scale maps its
+ * element of largest magnitude to the end of the code range (an E8M0 scale:
+ * the smallest power of two that fits it; the asymmetric kinds: the block's
+ * [min, max]), rounded once to the header's format.  Several times faster
+ * for the native types, a larger error; ggml types as sp_quantize_rows. */
+sp_status sp_quantize_rows_fast(uint32_t t, const float *src, int64_t n_rows, int64_t n_per_row, void *dst);
+
 /* Encode one block of native type t from codes chosen elsewhere (gptq.c
  * rounds against a grid of its own choosing): code[0..nv) are the signed q of
  * a symmetric kind (clamped to its range) or the unsigned u of an asymmetric
