@@ -48,7 +48,7 @@ if (flag !== '--no-concurrency') {
     const t0 = performance.now();
     const firsts = [], dones = [];
     await Promise.all([0, 1, 2, 3].map(async (i) => {
-        const r = await post('/v1/chat/completions', chatBody(100 + i, true, Math.max(MAXTOK, 32)));
+        const r = await post('/v1/chat/completions', chatBody(100 + i, true, Math.max(MAXTOK, 160)));
         if (r.status !== 200 || !r.data.endsWith('data: [DONE]\n\n')) fail('concurrent stream ' + i + ': ' + r.status);
         firsts[i] = r.ttft + 0; dones[i] = r.t;
     }));
