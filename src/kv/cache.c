@@ -402,13 +402,34 @@ static inline void prefetch_line(const void *p) {
 #endif
 }
 
+/* Whether the tile's rows are one run of one block (the usual case: the
+ * cells of a sequence written in order); then *k0 and *v0 are its first key
+ * and value rows, and the rest follow at rb_k and rb_v. */
+static bool tile_run(const struct attn_job *j, uint32_t kh, uint32_t x, uint32_t nt, const uint8_t **k0,
+                     const uint8_t **v0) {
+    const uint32_t s0 = j->c->slot[x];
+    if (j->c->slot[x + nt - 1] != s0 + nt - 1 || s0 / SP_KV_BLOCK != (s0 + nt - 1) / SP_KV_BLOCK) return false;
+    for (uint32_t r = 1; r + 1 < nt; r++) {
+        if (j->c->slot[x + r] != s0 + r) return false;
+    }
+    *k0 = k_row(j->kv, s0, j->il, kh);
+    *v0 = v_row(j->kv, s0, j->il, kh);
+    return true;
+}
+
+static void prefetch_span(const uint8_t *p, size_t n) {
+    for (size_t b = 0; b < n; b += 64) prefetch_line(p + b);
+}
+
+/* Row by row, a key row then its value row: measured faster (bench/attn,
+ * Zen 5) than the same lines as two runs, keys then values, or the two runs
+ * interleaved line by line -- by ~20% for a Q8_0 cache of grouped heads. */
 static void prefetch_tile(const struct attn_job *j, uint32_t kh, uint32_t x, uint32_t nt) {
     const struct sp_kv_cache *kv = j->kv;
     for (uint32_t r = 0; r < nt; r++) {
         const uint32_t slot = j->c->slot[x + r];
-        const uint8_t *k = k_row(kv, slot, j->il, kh), *v = v_row(kv, slot, j->il, kh);
-        for (size_t b = 0; b < kv->rb_k; b += 64) prefetch_line(k + b);
-        for (size_t b = 0; b < kv->rb_v; b += 64) prefetch_line(v + b);
+        prefetch_span(k_row(kv, slot, j->il, kh), kv->rb_k);
+        prefetch_span(v_row(kv, slot, j->il, kh), kv->rb_v);
     }
 }
 
@@ -417,6 +438,14 @@ static void prefetch_tile(const struct attn_job *j, uint32_t kh, uint32_t x, uin
 static uint32_t tile_rows(const struct attn_job *j, struct attn_scratch *s, uint32_t kh, uint32_t x, uint32_t ce) {
     const uint32_t nt = SP_MIN(SP_KV_TILE, ce - x);
     if (x + SP_KV_TILE < ce) prefetch_tile(j, kh, x + SP_KV_TILE, SP_MIN(SP_KV_TILE, ce - x - SP_KV_TILE));
+    const uint8_t *k0, *v0;
+    if (tile_run(j, kh, x, nt, &k0, &v0)) {
+        for (uint32_t r = 0; r < nt; r++) {
+            s->kp[r] = k0 + r * j->kv->rb_k;
+            s->vp[r] = v0 + r * j->kv->rb_v;
+        }
+        return nt;
+    }
     for (uint32_t r = 0; r < nt; r++) {
         const uint32_t slot = j->c->slot[x + r];
         s->kp[r] = k_row(j->kv, slot, j->il, kh);
