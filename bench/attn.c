@@ -14,6 +14,7 @@
  * 32 layers, 2 threads, 9 tokens.
  */
 #include "core/core.h"
+#include "util.h"
 #include "kv/cache.h"
 #include "sparrow.h"
 #include "sched/pool.h"
@@ -25,29 +26,6 @@
 #include <string.h>
 #include <time.h>
 
-static uint64_t rng_state = 88172645463325252ull;
-
-static float rng_gauss(void) { /* roughly normal */
-    float s = 0;
-    for (int i = 0; i < 4; i++) {
-        rng_state ^= rng_state << 13;
-        rng_state ^= rng_state >> 7;
-        rng_state ^= rng_state << 17;
-        s += (float)(rng_state >> 40) / (float)(1 << 24);
-    }
-    return (s - 2.0f) * 1.7f;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static long arg_long(int argc, char **argv, int i, long def) {
     if (i >= argc) return def;
@@ -107,22 +85,22 @@ int main(int argc, char **argv) {
     for (uint32_t il = 0; il < layers; il++) {
         for (uint32_t c0 = 0; c0 < n_cells; c0 += 256) {
             const uint32_t n = SP_MIN(256u, n_cells - c0);
-            for (size_t i = 0; i < n * kd; i++) k[i] = 2.0f * rng_gauss() + (i % 7 == 3 ? 3.0f : 0.0f);
-            for (size_t i = 0; i < n * kd; i++) v[i] = rng_gauss();
+            for (size_t i = 0; i < n * kd; i++) k[i] = 2.0f * bench_gauss() + (i % 7 == 3 ? 3.0f : 0.0f);
+            for (size_t i = 0; i < n * kd; i++) v[i] = bench_gauss();
             sp_kv_store(kv, &c, c0, n, il, k, v, pool);
         }
     }
-    for (size_t i = 0; i < (size_t)heads * hd; i++) q[i] = rng_gauss();
+    for (size_t i = 0; i < (size_t)heads * hd; i++) q[i] = bench_gauss();
     const float scale = 1.0f / sqrtf((float)hd);
     double *t = malloc((size_t)reps * sizeof *t);
     double sink = 0;
     for (int r = -1; r < reps; r++) {
-        const double t0 = now_s();
+        const double t0 = bench_wall_s();
         for (uint32_t il = 0; il < layers; il++) sp_kv_attend(kv, &c, il, q, 1, n_cells, scale, o, pool, scr);
-        if (r >= 0) t[r] = now_s() - t0;
+        if (r >= 0) t[r] = bench_wall_s() - t0;
         sink += o[0];
     }
-    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    qsort(t, (size_t)reps, sizeof *t, bench_cmp_double);
     const double med = t[reps / 2];
     const double bytes = (double)layers * kv_heads * n_cells *
                          (double)(sp_kv_row_bytes(tk, (int32_t)hd) + sp_kv_row_bytes(tv, (int32_t)hd));

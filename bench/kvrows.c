@@ -16,6 +16,7 @@
  * are listed, as "q4h" and "q4h-v".
  */
 #include "core/core.h"
+#include "util.h"
 #include "quant/kv.h"
 #include "quant/quant.h"
 
@@ -28,29 +29,6 @@
 
 #define N_ROWS 256 /* rows stored and read per pass (a few tiles, in L2) */
 
-static uint64_t rng_state = 88172645463325252ull;
-
-static float rng_gauss(void) { /* roughly normal */
-    float s = 0;
-    for (int i = 0; i < 4; i++) {
-        rng_state ^= rng_state << 13;
-        rng_state ^= rng_state >> 7;
-        rng_state ^= rng_state << 17;
-        s += (float)(rng_state >> 40) / (float)(1 << 24);
-    }
-    return (s - 2.0f) * 1.7f;
-}
-
-static double now_cpu(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 struct job {
     enum sp_kv_type t;
@@ -75,16 +53,16 @@ static double rate(void (*fn)(const struct job *), const struct job *j) {
     double r[5];
     for (int k = 0; k < 5; k++) {
         long reps = 0;
-        const double t0 = now_cpu();
+        const double t0 = bench_cpu_s();
         double t = t0;
         do {
             fn(j);
             reps++;
-            t = now_cpu();
+            t = bench_cpu_s();
         } while (t - t0 < 0.1);
         r[k] = (double)reps * N_ROWS * j->hd / (t - t0);
     }
-    qsort(r, 5, sizeof r[0], cmp_double);
+    qsort(r, 5, sizeof r[0], bench_cmp_double);
     return r[2];
 }
 
@@ -105,7 +83,7 @@ int main(int argc, char **argv) {
     const void **ptrs = malloc(N_ROWS * sizeof(void *));
     if (!x || !rows || !out || !ptrs) return 1;
     for (int r = 0; r < N_ROWS; r++)
-        for (int c = 0; c < hd; c++) x[(size_t)r * hd + c] = rng_gauss() + (c % 13 == 5 ? 4.0f : 0.0f);
+        for (int c = 0; c < hd; c++) x[(size_t)r * hd + c] = bench_gauss() + (c % 13 == 5 ? 4.0f : 0.0f);
     const struct {
         const char *name;
         enum sp_kv_type t;
