@@ -649,7 +649,7 @@ static void fast_asym(const float *x, int nv, int umax, float *d_out, float *m_o
 
 /* One block: x[0..nv) with importance w[0..nv) (nv <= block; the rest is
  * padding, stored as code 0 value), into blk; fast: the one-pass scales
- * above instead of the searches (w unused). */
+ * above instead of the searches (w unused: may be NULL). */
 static void quantize_block(const struct sp_native_layout *L, const float *x, const float *w, int nv, bool fast,
                            uint8_t *blk) {
     memset(blk, 0, L->bytes);
@@ -691,12 +691,17 @@ static void quantize_block(const struct sp_native_layout *L, const float *x, con
 }
 
 /* One row of n values; imp (n) or NULL for equal importance.  Blocks whose
- * importance is all zero are fitted unweighted. */
+ * importance is all zero are fitted unweighted.  fast: no importance (the
+ * one-pass scales do not weigh). */
 static void quantize_row(const struct sp_native_layout *L, const float *src, int64_t n, const float *imp, bool fast,
                          uint8_t *dst) {
     alignas(32) float w[128];
     for (int64_t i0 = 0; i0 < n; i0 += L->block, dst += L->bytes) {
         const int nv = (int)SP_MIN((int64_t)L->block, n - i0);
+        if (fast) {
+            quantize_block(L, src + i0, NULL, nv, true, dst);
+            continue;
+        }
         float wsum = 0;
         for (int i = 0; i < nv; i++) {
             w[i] = imp ? SP_MAX(imp[i0 + i], 0.0f) : 1.0f;
@@ -706,7 +711,7 @@ static void quantize_row(const struct sp_native_layout *L, const float *src, int
         if (!(wsum > 0)) {
             for (int i = 0; i < nv; i++) w[i] = 1.0f;
         }
-        quantize_block(L, src + i0, w, nv, fast, dst);
+        quantize_block(L, src + i0, w, nv, false, dst);
     }
 }
 
