@@ -21,6 +21,9 @@
  * one also with no TYPE arguments.
  *   SPARROW_BENCH_MB=64                size of the streamed matrix (default 256)
  *   SPARROW_BENCH_THREADS=2            threads of the last table (default: online CPUs)
+ *   SPARROW_BENCH_GEMM_ROWS=8192       rows of the prefill product (default 512: its weights stay in
+ *                                      L2; 8192 rows of Q4_0 are 18 MB, streamed from memory as in a
+ *                                      model's prefill)
  */
 #include "core/core.h"
 #include "core/cpu.h"
@@ -210,14 +213,16 @@ int main(int argc, char **argv) {
 #endif
     float *xf = sp_malloc(N_COLS * sizeof *xf);
     uint8_t *xq = sp_malloc(sp_qtype_row_bytes(SP_QTYPE_F32, N_COLS) * GEMM_TOK);
-    float *y = sp_malloc(sizeof(float) * SP_MAX((size_t)GEMM_TOK * GEMM_ROWS, big / 64));
+    const char *gr_env = getenv("SPARROW_BENCH_GEMM_ROWS");
+    const int64_t gemm_rows = gr_env ? SP_MAX(8, atoll(gr_env)) : GEMM_ROWS;
+    float *y = sp_malloc(sizeof(float) * SP_MAX((size_t)GEMM_TOK * (size_t)gemm_rows, big / 64));
     if (!w || !xf || !xq || !y) {
         fprintf(stderr, "out of memory\n");
         return 1;
     }
     printf("single thread, rows of %d; decode = 1 token (GB/s of weights), prefill = gemm of %d tokens x %d rows "
            "(GFLOP/s); medians\n",
-           N_COLS, GEMM_TOK, GEMM_ROWS);
+           N_COLS, GEMM_TOK, (int)gemm_rows);
     printf("%-10s %-7s %12s %12s %14s\n", "type", "table", "decode-DRAM", "decode-L2", "prefill");
     const size_t n_ggml = SP_ARRAY_LEN(types);
     for (size_t k = 0; k < n_ggml + SP_QTYPE_NATIVE_COUNT; k++) {
@@ -254,7 +259,7 @@ int main(int argc, char **argv) {
                 v[i] = (double)rows_small * rb * inner / (now() - t0) / 1e9;
             }
             const double l2 = median(v, reps);
-            const int64_t grows = is_ref ? GEMM_ROWS / 8 : GEMM_ROWS;
+            const int64_t grows = SP_MIN(rows_big, is_ref ? SP_MAX(8, gemm_rows / 8) : gemm_rows);
             for (int i = 0; i < reps; i++) {
                 const double t0 = now();
                 gemm(tr, t, w, grows, xq, xrb, GEMM_TOK, y);
