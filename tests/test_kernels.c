@@ -294,15 +294,16 @@ static void run_gemm(const struct test_level *l, const struct sp_qtraits *tr, in
 static void gemm_case(const struct test_level *l, enum sp_qtype t, int64_t n, bool small, double *worst, int *bad) {
     /* 70 tokens: more than one token group (32 tokens; 64 in the Q4_0/Q8_0 gemms) */
     static const int64_t toks_all[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 70}, toks_few[] = {1, 3, 33};
-    /* 77 rows: more than one row block of the x86 strip gemms (64 rows), and a partial strip */
-    static const int64_t rows_all[] = {1, 5, 13, 41, 77}, rows_few[] = {5};
+    /* 77 rows: more than one row block of the x86 strip gemms (64 rows), and a partial strip;
+     * 141: more than one of the AVX-512 Q4_0 gemm's (128 rows) */
+    static const int64_t rows_all[] = {1, 5, 13, 41, 77, 141}, rows_few[] = {5};
     const int64_t *toks = small ? toks_all : toks_few, *rows = small ? rows_all : rows_few;
     const size_t n_toks = small ? SP_ARRAY_LEN(toks_all) : SP_ARRAY_LEN(toks_few);
     const size_t n_rowss = small ? SP_ARRAY_LEN(rows_all) : SP_ARRAY_LEN(rows_few);
     const struct sp_qtraits *tr = &l->tab[t], *xt = sp_qtraits_ref(tr->vec_dot_type);
     const size_t wrb = sp_qtype_row_bytes(t, n), xrb = sp_qtype_row_bytes(tr->vec_dot_type, n);
     const size_t w_stride = wrb + 20, x_stride = xrb + 12; /* padded rows (block structs stay aligned) */
-    const int64_t max_rows = 77, max_tok = 70, ldy = max_rows + 3;
+    const int64_t max_rows = 141, max_tok = 70, ldy = max_rows + 3;
     uint8_t *w = calloc((size_t)max_rows, w_stride), *x = calloc((size_t)max_tok, x_stride);
     float *xf = malloc((size_t)n * sizeof *xf), *fa = malloc((size_t)n * 4), *fb = malloc((size_t)n * 4);
     float *y = malloc((size_t)(max_tok * ldy) * sizeof *y);
@@ -387,7 +388,7 @@ static void resident_case(const struct test_level *l, const struct resident *rs,
     const enum sp_qtype xt = fr->vec_dot_type;
     const size_t wrb = sp_qtype_row_bytes(rs->to, n), xrb = sp_qtype_row_bytes(xt, n);
     const size_t w_stride = wrb + 20, x_stride = xrb + 12;
-    const int64_t max_rows = 77, max_tok = 70, ldy = max_rows + 3;
+    const int64_t max_rows = 141, max_tok = 70, ldy = max_rows + 3;
     uint8_t *w = calloc((size_t)max_rows, w_stride), *wg = calloc((size_t)max_rows, w_stride);
     uint8_t *x = calloc((size_t)max_tok, x_stride);
     float *fa = malloc((size_t)n * 4), *fb = malloc((size_t)n * 4), *y = malloc((size_t)(max_tok * ldy) * sizeof *y);
