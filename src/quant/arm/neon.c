@@ -399,10 +399,13 @@ static void kv_scores_t_neon(const float *restrict qt, int32_t nqp, const float 
         for (; r + 4 <= n; r += 4) {
             const float *k0 = k + (size_t)r * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
             float32x4_t a[4][4];
+#pragma GCC unroll 4
             for (int x = 0; x < 4; x++)
+#pragma GCC unroll 4
                 for (int b = 0; b < 4; b++) a[x][b] = vdupq_n_f32(0);
             for (int32_t c = 0; c < hd; c++) {
                 const float *qc = qt + (size_t)c * nqp + i0;
+#pragma GCC unroll 4
                 for (int b = 0; b < 4; b++) {
                     const float32x4_t q = vld1q_f32(qc + 4 * b);
                     a[0][b] = vfmaq_n_f32(a[0][b], q, k0[c]);
@@ -411,14 +414,18 @@ static void kv_scores_t_neon(const float *restrict qt, int32_t nqp, const float 
                     a[3][b] = vfmaq_n_f32(a[3][b], q, k3[c]);
                 }
             }
+#pragma GCC unroll 4
             for (int x = 0; x < 4; x++)
+#pragma GCC unroll 4
                 for (int b = 0; b < 4; b++) vst1q_f32(st + (size_t)(r + x) * nqp + i0 + 4 * b, vmulq_n_f32(a[x][b], scale));
         }
         for (; r < n; r++) {
             const float *kr = k + (size_t)r * hd;
             float32x4_t a[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
             for (int32_t c = 0; c < hd; c++)
+#pragma GCC unroll 4
                 for (int b = 0; b < 4; b++) a[b] = vfmaq_n_f32(a[b], vld1q_f32(qt + (size_t)c * nqp + i0 + 4 * b), kr[c]);
+#pragma GCC unroll 4
             for (int b = 0; b < 4; b++) vst1q_f32(st + (size_t)r * nqp + i0 + 4 * b, vmulq_n_f32(a[b], scale));
         }
     }
@@ -456,14 +463,18 @@ static void kv_accum_t_neon(const float *restrict st, int32_t nqp, int32_t nq, c
     for (; i + 4 <= nq; i += 4) {
         for (int32_t c = 0; c < hv; c += 4) {
             float32x4_t a[4];
+#pragma GCC unroll 4
             for (int q = 0; q < 4; q++) a[q] = vmulq_n_f32(vld1q_f32(o + (size_t)(i + q) * o_ld + c), keep[i + q]);
             for (int32_t r = 0; r < n; r++) {
                 const float32x4_t vv = vld1q_f32(v + (size_t)r * hd + c);
                 const float *pr = st + (size_t)r * nqp + i;
+#pragma GCC unroll 4
                 for (int q = 0; q < 4; q++) a[q] = vfmaq_n_f32(a[q], vv, pr[q]);
             }
+#pragma GCC unroll 4
             for (int q = 0; q < 4; q++) vst1q_f32(o + (size_t)(i + q) * o_ld + c, a[q]);
         }
+#pragma GCC unroll 4
         for (int q = 0; q < 4; q++) {
             float *oq = o + (size_t)(i + q) * o_ld;
             for (int32_t c = hv; c < hd; c++) {
