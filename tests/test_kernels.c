@@ -295,7 +295,7 @@ static void gemm_case(const struct test_level *l, enum sp_qtype t, int64_t n, bo
     /* 70 tokens: more than one token group (32 tokens; 64 in the Q4_0/Q8_0 gemms) */
     static const int64_t toks_all[] = {1, 2, 3, 4, 5, 7, 8, 16, 33, 70}, toks_few[] = {1, 3, 33};
     /* 77 rows: more than one row block of the x86 strip gemms (64 rows), and a partial strip;
-     * 141: more than one of the AVX-512 Q4_0 gemm's (128 rows) */
+     * 141: more than two, and rows past a 16-row strip's first half */
     static const int64_t rows_all[] = {1, 5, 13, 41, 77, 141}, rows_few[] = {5};
     const int64_t *toks = small ? toks_all : toks_few, *rows = small ? rows_all : rows_few;
     const size_t n_toks = small ? SP_ARRAY_LEN(toks_all) : SP_ARRAY_LEN(toks_few);
