@@ -388,7 +388,7 @@ static void resident_case(const struct test_level *l, const struct resident *rs,
     const enum sp_qtype xt = fr->vec_dot_type;
     const size_t wrb = sp_qtype_row_bytes(rs->to, n), xrb = sp_qtype_row_bytes(xt, n);
     const size_t w_stride = wrb + 20, x_stride = xrb + 12;
-    const int64_t max_rows = 141, max_tok = 70, ldy = max_rows + 3;
+    const int64_t max_rows = 77, max_tok = 70, ldy = max_rows + 3;
     uint8_t *w = calloc((size_t)max_rows, w_stride), *wg = calloc((size_t)max_rows, w_stride);
     uint8_t *x = calloc((size_t)max_tok, x_stride);
     float *fa = malloc((size_t)n * 4), *fb = malloc((size_t)n * 4), *y = malloc((size_t)(max_tok * ldy) * sizeof *y);
