@@ -3,9 +3,9 @@
  * kernels.inc with every unsigned x signed byte dot product done by one
  * AVX512-VNNI vpdpbusd (256-bit, AVX512VL).  The float kernels stay 8 lanes
  * wide on purpose: the gemm tiles and the vec_dots must sum in the same
- * order (a batch gives the same bits as single tokens); the Q4_0 gemm,
- * whose sums run per row in lanes, takes 16 rows per 512-bit vector
- * (SPX_512) without changing a row's order.  Built with the
+ * order (a batch gives the same bits as single tokens); the Q4_0, Q4_K
+ * and Q6_K gemms, whose sums run per row in lanes, take 16 rows per
+ * 512-bit vector (SPX_512) without changing a row's order.  Built with the
  * AVX-512 flags in the Makefile; only called after sp_quant_init() saw
  * AVX512F/BW/VL/VNNI.
  */
