@@ -391,10 +391,11 @@ static void item_of(const struct attn_job *j, uint32_t it, uint32_t *kh, uint32_
  * boundaries, would start every tile from a cold miss.  Into L2, not L1
  * (prefetcht1): a tile's 256 lines asked into L1 at once wait on its few
  * miss buffers, and the kernels' own loads queue behind them -- bench/attn
- * 4096 32 8 128 f16 f16 32 1 (llama3-8b at depth 4096, one thread), AMD
- * EPYC Zen 4, the best of 9 tokens in 5 interleaved rounds (beside a
- * llama.cpp run, hence the spread): 117-141 ms a token with prefetcht0,
- * 79-107 with prefetcht1, 79-85 with prefetcht2, 106-130 with none. */
+ * 4096 32 8 128 f16 f16 32 T (llama3-8b at depth 4096), AMD EPYC Zen 4,
+ * quiet, medians of 9 tokens in 3 interleaved rounds: one thread 101-108
+ * ms a token with prefetcht0, 78-80 with prefetcht1; two threads 51-60 and
+ * 44-50.  (Beside a llama.cpp run, one thread: prefetcht2 as prefetcht1,
+ * no prefetch at all as prefetcht0.) */
 static inline void prefetch_line(const void *p) {
     /* an asm statement: GCC treats __builtin_prefetch as free of effects and
      * dropped the whole loop (a function of nothing but prefetches is
