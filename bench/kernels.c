@@ -24,6 +24,8 @@
  *   SPARROW_BENCH_GEMM_ROWS=8192       rows of the prefill product (default 512: its weights stay in
  *                                      L2; 8192 rows of Q4_0 are 18 MB, streamed from memory as in a
  *                                      model's prefill)
+ *   SPARROW_BENCH_DECODE_TOK=4         the threaded decode also with 2..4 tokens a step (a batch of
+ *                                      sequences, issue 17): each step's time against one token's
  */
 #include "core/core.h"
 #include "core/cpu.h"
@@ -274,6 +276,8 @@ int main(int argc, char **argv) {
     /* Decode with the engine's threaded split, wall clock. */
     const char *th_env = getenv("SPARROW_BENCH_THREADS");
     const int n_threads = th_env ? atoi(th_env) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const char *dt_env = getenv("SPARROW_BENCH_DECODE_TOK");
+    const int dec_tok = dt_env ? SP_MAX(1, SP_MIN(GEMM_TOK, atoi(dt_env))) : 1;
     struct sp_pool *pool = NULL;
     if (n_threads >= 1 && sp_pool_init(n_threads, &pool) == SP_OK) {
         printf("\ndecode through sp_matmul, %d threads, %zu MiB matrix: GB/s of weights, all threads (wall clock, median of 7)\n",
@@ -285,19 +289,29 @@ int main(int argc, char **argv) {
                 !wanted(tn, argc, argv))
                 continue;
             const struct sp_qtraits *ref = sp_qtraits_ref(t), *xt = sp_qtraits_ref(ref->vec_dot_type);
-            const size_t rb = sp_qtype_row_bytes(t, N_COLS);
+            const size_t rb = sp_qtype_row_bytes(t, N_COLS), xrb = sp_qtype_row_bytes(ref->vec_dot_type, N_COLS);
             const int64_t rows = (int64_t)(big / rb);
             fill_weights(t, w, (size_t)rows * rb);
             for (int j = 0; j < N_COLS; j++) xf[j] = rng_float();
             xt->from_float(xf, xq, N_COLS);
-            double v[7];
-            for (int i = 0; i < 7; i++) {
-                const double t0 = wall();
-                sp_matmul(pool, t, w, N_COLS, rows, xq, 0, 1, y, rows);
-                v[i] = (double)rows * rb / (wall() - t0) / 1e9;
+            double v[7], one = 0;
+            for (int nt_ = 1; nt_ <= dec_tok; nt_++) {
+                for (int j = 1; j < nt_; j++) memcpy(xq + (size_t)j * xrb, xq, xrb); /* values do not matter */
+                for (int i = 0; i < 7; i++) {
+                    const double t0 = wall();
+                    sp_matmul(pool, t, w, N_COLS, rows, xq, xrb, nt_, y, rows);
+                    v[i] = wall() - t0;
+                }
+                const double s = median(v, 7);
+                if (nt_ == 1) {
+                    one = s;
+                    printf("%-5s %9.2f GB/s\n", tn, (double)rows * rb / s / 1e9);
+                } else {
+                    printf("%-5s %9.2f GB/s with %d tokens a step: %.2fx one token's time\n", tn,
+                           (double)rows * rb / s / 1e9, nt_, s / one);
+                }
+                fflush(stdout);
             }
-            printf("%-5s %9.2f GB/s\n", tn, median(v, 7));
-            fflush(stdout);
         }
         sp_pool_free(pool);
     }
