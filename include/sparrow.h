@@ -426,7 +426,10 @@ sp_status sp_generate(struct sp_session *s, const int32_t *prompt, int32_t n, co
  * pages are touched only as tokens arrive.
  *
  * Threads: calls on one session must not overlap; different sessions of one
- * model may be used from different threads at once.
+ * model may be used from different threads at once.  The calling thread
+ * does part of the work itself: give it at least 512 KB of stack (the
+ * kernels keep up to ~160 KB there; the library's own worker threads get
+ * 1 MiB where the C library's default is less, e.g. musl's 128 KB).
  * ------------------------------------------------------------------------- */
 struct sp_session;
 

@@ -5,6 +5,7 @@
  * And the products split on it (sp_matmul, sp_matmul_multi: each thread a
  * range of row chunks, the backs of the ranges shared): every row computed
  * once, bit for bit as on one thread, for any thread count.
+ * Worker threads have at least SP_POOL_STACK of stack.
  * Indexes are claimed, not assigned: a run whose workers are still asleep is
  * done by the caller (any index, each once) instead of waiting for them.
  */
@@ -131,8 +132,41 @@ static void check_claims(void) {
     sp_pool_free(p);
 }
 
+struct stacks {
+    size_t least; /* the smallest worker stack seen */
+    atomic_int seen;
+    pthread_t caller;
+};
+
+static void stack_task(void *arg, int ith, int nth) {
+    struct stacks *st = arg;
+    (void)ith;
+    (void)nth;
+    pthread_attr_t a;
+    size_t ss = 0;
+    if (pthread_equal(pthread_self(), st->caller) || pthread_getattr_np(pthread_self(), &a) != 0) return;
+    pthread_attr_getstacksize(&a, &ss);
+    pthread_attr_destroy(&a);
+    if (ss < SP_POOL_STACK) st->least = ss; /* one worker: no other writer */
+    atomic_fetch_add(&st->seen, 1);
+}
+
+/* Worker threads get at least SP_POOL_STACK of stack: the kernels' frames
+ * reach ~160 KB, more than some C libraries' default thread stack. */
+static void check_stacks(void) {
+    struct sp_pool *p = NULL;
+    CHECK(sp_pool_init(2, &p) == SP_OK);
+    if (!p) return;
+    struct stacks st = {.least = SP_POOL_STACK, .caller = pthread_self()};
+    for (int r = 0; r < 100000 && atomic_load(&st.seen) == 0; r++) sp_pool_run(p, stack_task, &st);
+    CHECKF(atomic_load(&st.seen) > 0, "no job ran on a worker thread");
+    CHECKF(st.least >= SP_POOL_STACK, "a worker's stack is %zu bytes, under %zu", st.least, (size_t)SP_POOL_STACK);
+    sp_pool_free(p);
+}
+
 int main(void) {
     check_split();
+    check_stacks();
     check_claims();
     for (int n = 1; n <= 4; n++) {
         struct sp_pool *p = NULL;

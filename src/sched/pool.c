@@ -169,14 +169,24 @@ sp_status sp_pool_init(int n_threads, struct sp_pool **out) {
             return sp_err(SP_E_NOMEM, "%s: out of memory", __func__);
         }
         struct worker_arg *wa = (struct worker_arg *)(p->threads + (n_threads - 1));
+        /* The kernels keep up to ~160 KB on the stack (the multi-token
+         * decodes' activations and terms, docs/KERNELS.md): more than some
+         * C libraries give a thread by default (musl: 128 KB). */
+        pthread_attr_t attr;
+        size_t ss = 0;
+        const bool have_attr = pthread_attr_init(&attr) == 0;
+        if (have_attr && pthread_attr_getstacksize(&attr, &ss) == 0 && ss < SP_POOL_STACK)
+            pthread_attr_setstacksize(&attr, SP_POOL_STACK);
         for (int i = 1; i < n_threads; i++) {
             wa[i - 1] = (struct worker_arg){p, i};
-            if (pthread_create(&p->threads[i - 1], NULL, worker, &wa[i - 1]) != 0) {
+            if (pthread_create(&p->threads[i - 1], have_attr ? &attr : NULL, worker, &wa[i - 1]) != 0) {
+                if (have_attr) pthread_attr_destroy(&attr);
                 sp_pool_free(p);
                 return sp_err(SP_E_NOMEM, "%s: cannot start thread %d", __func__, i);
             }
             p->n_started++;
         }
+        if (have_attr) pthread_attr_destroy(&attr);
     }
     *out = p;
     return SP_OK;

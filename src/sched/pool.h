@@ -14,6 +14,11 @@ struct sp_pool;
 /* fn(arg, ith, nth) is called once for each ith in [0, nth). */
 typedef void (*sp_pool_task_fn)(void *arg, int ith, int nth);
 
+/* The least stack a worker thread gets (more where the C library's default
+ * is more): the kernels' stack buffers reach ~160 KB, and the caller's
+ * thread runs jobs too (sparrow.h says so to the embedder). */
+#define SP_POOL_STACK ((size_t)1 << 20)
+
 /* n_threads >= 1 (1 = no worker threads; jobs run on the caller).
  * SP_E_NOMEM / SP_E_INVALID. */
 sp_status sp_pool_init(int n_threads, struct sp_pool **out);
